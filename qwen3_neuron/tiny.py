@@ -1,0 +1,39 @@
+"""The project's own tiny Qwen3 architectures, in Hugging Face config terms.
+
+One source for both sides: the native `tiny` flavours (torchtitan modules) and the generated
+tiny HF model dirs (Transformers) are built from these numbers, so weights move between them.
+"""
+
+TINY_VOCAB_SIZE = 2048
+
+TINY_DENSE = dict(
+    vocab_size=TINY_VOCAB_SIZE,
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    intermediate_size=768,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-6,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=2048,
+)
+
+TINY_MOE = dict(
+    vocab_size=TINY_VOCAB_SIZE,
+    hidden_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    intermediate_size=768,
+    moe_intermediate_size=256,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    tie_word_embeddings=False,
+    rms_norm_eps=1e-6,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=2048,
+)
