@@ -1,0 +1,85 @@
+"""The entrypoint: compose -> plan -> record -> launch -> report.
+
+    python launch.py model=native training.steps=50
+    python launch.py -m optimizer.lr=1e-3,3e-4
+    python launch.py run.dry_run=true
+
+Hydra runs here only; workers rebuild their config from the run dir (qwen3_neuron.train).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from qwen3_neuron import compose
+from qwen3_neuron.fields import ConfigError
+from qwen3_neuron.launcher import run_torchrun
+from qwen3_neuron.plan import make_plan
+from qwen3_neuron.record import write_record
+from qwen3_neuron.report import summarize, write_summary
+
+compose.register()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> int:
+    hydra_config = HydraConfig.get()
+    run_dir = Path(hydra_config.runtime.output_dir).resolve()
+    single_run = hydra_config.mode == RunMode.RUN
+    try:
+        composed = OmegaConf.to_container(cfg, resolve=True)
+        plan = make_plan(composed, run_dir)
+    except (ConfigError, OmegaConfBaseException) as e:
+        print(f"Config error: {e}", file=sys.stderr)
+        if single_run:
+            _discard_hydra_only_dir(run_dir)
+            sys.exit(2)
+        return 2
+
+    write_record(run_dir, {**composed, "device": {"type": plan.device}}, plan)
+    if plan.settings.run.dry_run:
+        _print_plan(plan, run_dir)
+        return 0
+
+    start = time.time()
+    result = run_torchrun(plan.command, plan.env, run_dir)
+    status = "interrupted" if result.interrupted_by else ("completed" if result.returncode == 0 else "failed")
+    summary = summarize(run_dir, status, time.time() - start, exit_code=result.returncode)
+    write_summary(run_dir, summary)
+    print(f"[qwen3-neuron] {status}: {json.dumps(summary)}\n[qwen3-neuron] run dir: {run_dir}")
+    if single_run:
+        sys.exit(result.returncode)
+    return result.returncode
+
+
+def _print_plan(plan, run_dir: Path) -> None:
+    config = plan.trainer_config.to_dict()
+    spec = config["model_spec"]
+    config["model_spec"] = f"{spec['name']} {spec['flavor']} (full model config: trainer_config.json)"
+    print(json.dumps(config, indent=2, default=repr))
+    print(f"\n[qwen3-neuron] device: {plan.device}, world size {plan.world_size}")
+    print(f"[qwen3-neuron] command: {plan.command_line()}")
+    print(f"[qwen3-neuron] dry run: nothing started; record in {run_dir}")
+
+
+def _discard_hydra_only_dir(run_dir: Path) -> None:
+    """A config error leaves nothing behind: drop the run dir Hydra made for this launch."""
+    if not run_dir.exists() or {p.name for p in run_dir.iterdir()} - {".hydra", "launch.log"}:
+        return
+    shutil.rmtree(run_dir)
+    if not any(run_dir.parent.iterdir()):
+        run_dir.parent.rmdir()  # the date folder, if this launch made it
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Stage 1 support, compose: what Hydra needs before it composes `conf/`.
+
+- `torchtitan_sections`: a node holding every Trainer.Config section, each opened to any key, so
+  `training.steps=20` works without a `+` and every key reaches `fields.apply_fields`, which
+  checks it against torchtitan's dataclasses and names the closest valid keys on a typo.
+- the `${assets:...}` resolver: paths of the project's tiny generated assets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from qwen3_neuron import assets
+from qwen3_neuron.settings import SECTIONS
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def register() -> None:
+    """Idempotent; call before Hydra composes (launch.py, tests using the compose API)."""
+    ConfigStore.instance().store(name="torchtitan_sections", node=_open_sections())
+    OmegaConf.register_new_resolver("assets", _asset, replace=True)
+
+
+def _open_sections():
+    from torchtitan.trainer import Trainer
+
+    names = [f.name for f in dataclasses.fields(Trainer.Config) if _is_section(f)] + list(SECTIONS)
+    node = OmegaConf.create({name: {} for name in names})
+    for name in names:
+        OmegaConf.set_struct(node[name], False)
+    return node
+
+
+def _is_section(field: dataclasses.Field) -> bool:
+    return field.name != "model_spec" and field.default_factory is not dataclasses.MISSING
+
+
+def _asset(name: str) -> str:
+    if name == "dataset_name":
+        return assets.DATASET_NAME
+    return str(getattr(assets.asset_paths(), name))

@@ -1,0 +1,178 @@
+"""Stage 2, plan: composed config -> validated torchtitan `Trainer.Config` + torchrun command.
+
+No process is started and no device is touched here, so every config error surfaces before
+torchrun. Workers call `build_trainer_config` on what the launcher recorded: same function, same
+inputs, same config.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from torchtitan.components.loss import CrossEntropyLoss
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.trainer import Trainer
+
+from qwen3_neuron import devices
+from qwen3_neuron.fields import ConfigError, apply_fields, unknown_key_message
+from qwen3_neuron.flavors import native_model_spec
+from qwen3_neuron.settings import SECTIONS, Settings, parse_settings
+
+# Fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
+FRAMEWORK_OWNED = {"model_spec": "model.flavor", "dump_folder": "hydra.run.dir"}
+
+# `optimizer.lr=3e-4` and friends: set on every param group (torchtitan 0.3.0 keeps them in
+# `optimizer.param_groups[i].optimizer_kwargs`).
+OPTIMIZER_SHORTHANDS = ("lr", "weight_decay", "betas", "eps")
+
+# Metrics to metrics.jsonl: swapped in through torchtitan's own override registry.
+METRICS_OVERRIDE = "qwen3_neuron.metrics.run_dir_metrics"
+
+
+@dataclass
+class Plan:
+    settings: Settings
+    device: str
+    nproc_per_node: int
+    trainer_config: Trainer.Config
+    command: list[str]
+    env: dict[str, str]
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.settings.run.nnodes
+
+    def command_line(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} {shlex.join(self.command)}".strip()
+
+
+def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
+    """Validate everything and work out what to run; raises ConfigError on bad input."""
+    settings = parse_settings(composed)
+    device = _resolve_device(settings.device.type)
+    nproc = settings.run.nproc_per_node or devices.default_nproc(device)
+    if nproc < 1:
+        raise ConfigError(f"run.nproc_per_node must be >= 1, got {nproc}.")
+    config = build_trainer_config(composed, run_dir, device)
+    world_size = nproc * settings.run.nnodes
+    _check_parallel_layout(config, world_size)
+    _check_local_paths(config)
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone", f"--nproc_per_node={nproc}",
+        "-m", "qwen3_neuron.train", str(run_dir),
+    ]  # fmt: skip
+    return Plan(settings, device, nproc, config, command, devices.worker_env(device))
+
+
+def build_trainer_config(composed: Mapping[str, Any], run_dir: Path, device: str) -> Trainer.Config:
+    """The final torchtitan config: base config function, flavour swap, YAML sections on top."""
+    settings = parse_settings(composed)
+    config = _base_config(settings.model.module, settings.model.config_fn)
+    config.model_spec = _model_spec(settings)
+    for section, values in composed.items():
+        if section in SECTIONS:
+            continue
+        if section in FRAMEWORK_OWNED:
+            raise ConfigError(f"'{section}' is set by the framework; set {FRAMEWORK_OWNED[section]} instead.")
+        if section == "optimizer" and isinstance(values, Mapping):
+            values = _apply_optimizer_shorthands(config, values)
+        config = apply_fields(config, {section: values}, "")
+    _set_loss_vocab(config)
+    config.dump_folder = str(run_dir)
+    config.override.imports = [
+        *config.override.imports,
+        METRICS_OVERRIDE,
+        *devices.override_imports(device, settings.model.kind),
+        *_kernel_overrides(settings, device),
+    ]
+    return config
+
+
+def _resolve_device(requested: str) -> str:
+    try:
+        return devices.resolve_device(requested)
+    except devices.DeviceUnavailableError as e:
+        raise ConfigError(f"device.type={requested}: {e}") from e
+
+
+def _base_config(module: str, config_fn: str) -> Trainer.Config:
+    registry_name = f"torchtitan.models.{module}.config_registry" if "." not in module else module
+    try:
+        registry = importlib.import_module(registry_name)
+    except ModuleNotFoundError as e:
+        # torchtitan's own loader hides this cause (e.g. a missing `triton`): say it.
+        raise ConfigError(f"model.module={module}: cannot import {registry_name}: {e}") from e
+    functions = sorted(
+        name for name, fn in inspect.getmembers(registry, inspect.isfunction)
+        if fn.__module__ == registry.__name__ and not name.startswith("_")
+    )  # fmt: skip
+    if config_fn not in functions:
+        raise ConfigError(unknown_key_message(f"model.config_fn={config_fn}", config_fn, functions))
+    return getattr(registry, config_fn)()
+
+
+def _model_spec(settings: Settings):
+    kind = settings.model.kind
+    if kind == "native":
+        return native_model_spec(settings.model.flavor)
+    raise ConfigError(f"model={kind} is not available yet in this version; use model=native.")
+
+
+def _apply_optimizer_shorthands(config: Trainer.Config, values: Mapping[str, Any]) -> dict:
+    values = dict(values)
+    for key in OPTIMIZER_SHORTHANDS:
+        if key in values:
+            value = values.pop(key)
+            for group in config.optimizer.param_groups:
+                group.optimizer_kwargs[key] = tuple(value) if key == "betas" else value
+    return values
+
+
+def _set_loss_vocab(config: Trainer.Config) -> None:
+    """The base function sized the loss for its own model; follow the swapped-in flavour."""
+    vocab_size = config.model_spec.model.vocab_size
+    for _, loss_config, _, _ in config.loss.traverse(CrossEntropyLoss.Config):
+        loss_config.global_vocab_size = vocab_size
+
+
+def _kernel_overrides(settings: Settings, device: str) -> list[str]:
+    kernels = settings.kernels
+    if device not in kernels.devices:
+        raise ConfigError(
+            f"kernels={kernels.name} needs device {' or '.join(kernels.devices)}, "
+            f"but the device is {device}. Use kernels=none or kernels=blockwise here."
+        )
+    return [*kernels.factories, *kernels.overrides]
+
+
+def _check_parallel_layout(config: Trainer.Config, world_size: int) -> None:
+    try:
+        ParallelDims.from_config(config.parallelism, world_size)
+    except (AssertionError, ValueError) as e:
+        raise ConfigError(f"parallelism does not fit world size {world_size}: {e}") from e
+
+
+def _check_local_paths(config: Trainer.Config) -> None:
+    """Assets the run reads must exist before any worker starts."""
+    wanted = {"hf_assets_path": config.hf_assets_path}
+    dataset_path = getattr(config.dataloader, "dataset_path", None)
+    if dataset_path:
+        wanted["dataloader.dataset_path"] = dataset_path
+    for key, path in wanted.items():
+        if _looks_local(path) and not Path(path).exists():
+            raise ConfigError(
+                f"{key}={path} does not exist. The project's tiny assets are made by "
+                f"`python -m qwen3_neuron.assets` (make assets)."
+            )
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith(("/", "./", "../", "~")) or Path(path).exists()

@@ -1,0 +1,102 @@
+"""The framework's own config sections: `model`, `kernels`, `device`, `run`.
+
+Everything else in the composed YAML is a torchtitan `Trainer.Config` section under torchtitan's
+own name. These dataclasses are checked by the same code (`fields.apply_fields`), so a typo or a
+wrong type here reads exactly like one in a torchtitan section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from qwen3_neuron.fields import apply_fields
+
+
+@dataclass(kw_only=True)
+class ModelSettings:
+    kind: Literal["native", "hf", "moe"] = "native"
+    """Which of the three trainings: torchtitan's Qwen3, the Transformers backend, Qwen3 MoE."""
+
+    module: str = "qwen3"
+    """torchtitan model module whose `config_registry` holds `config_fn` (as torchtitan's --module)."""
+
+    config_fn: str = "qwen3_32b"
+    """torchtitan config function giving the base Trainer.Config (as torchtitan's --config)."""
+
+    flavor: str = "tiny"
+    """Model architecture swapped into the base config's `model_spec`."""
+
+    hf_model: str | None = None
+    """Hub id or local dir of a Transformers model (model=hf)."""
+
+    trust_remote_code: bool = False
+    """Passed to Transformers as is; never assumed."""
+
+    num_experts: int | None = None
+    """MoE: number of experts in the model (not an expert-parallel degree); null keeps the flavour's."""
+
+    top_k: int | None = None
+    """MoE: experts per token; null keeps the flavour's."""
+
+    moe_hidden_dim: int | None = None
+    """MoE: hidden size of each expert; null keeps the flavour's."""
+
+
+@dataclass(kw_only=True)
+class KernelSettings:
+    name: str = "none"
+    """The kernels option chosen (for the record)."""
+
+    factories: list[str] = field(default_factory=list)
+    """`module.function` @override factories this option activates."""
+
+    overrides: list[str] = field(default_factory=list)
+    """A user's own extra `module.function` @override factories, same flow."""
+
+    devices: list[str] = field(default_factory=lambda: ["cpu", "cuda", "neuron"])
+    """Devices the factories run on; the plan refuses others."""
+
+    block_size: int = 128
+    """Blockwise MoE kernels: tokens per block."""
+
+
+@dataclass(kw_only=True)
+class DeviceSettings:
+    type: Literal["auto", "cpu", "cuda", "neuron"] = "auto"
+    """auto: neuron if torch-neuronx and a device are present, else cuda, else cpu."""
+
+
+@dataclass(kw_only=True)
+class RunSettings:
+    nproc_per_node: int | None = None
+    """Ranks per node; null takes the device's default (CPU 2, CUDA/Neuron the device count)."""
+
+    nnodes: int = 1
+    """Nodes in the job."""
+
+    dry_run: bool = False
+    """Print the final torchtitan config and torchrun command, write the run record, start nothing."""
+
+
+@dataclass(kw_only=True)
+class Settings:
+    model: ModelSettings
+    kernels: KernelSettings
+    device: DeviceSettings
+    run: RunSettings
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelSettings,
+    "kernels": KernelSettings,
+    "device": DeviceSettings,
+    "run": RunSettings,
+}
+
+
+def parse_settings(composed: Mapping[str, Any]) -> Settings:
+    """Read the framework sections of the composed config, checking every key and type."""
+    return Settings(
+        **{name: apply_fields(cls(), composed.get(name) or {}, name) for name, cls in SECTIONS.items()}
+    )

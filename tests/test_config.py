@@ -1,0 +1,116 @@
+"""Unit tests of compose -> plan: no process is started here."""
+
+from __future__ import annotations
+
+
+import pytest
+from conftest import compose_config, launch
+
+from qwen3_neuron.fields import ConfigError
+from qwen3_neuron.plan import make_plan
+
+
+def plan_for(tmp_path, *overrides):
+    return make_plan(compose_config(*overrides), tmp_path / "run")
+
+
+def test_default_config_plans_tiny_native_on_two_cpu_ranks(tmp_path, assets):
+    plan = plan_for(tmp_path)
+    config = plan.trainer_config
+    assert (plan.device, plan.nproc_per_node) == ("cpu", 2)
+    assert config.model_spec.name == "qwen3" and config.model_spec.flavor == "tiny"
+    assert (config.training.steps, config.training.seq_len, config.training.local_batch_size) == (30, 256, 4)
+    assert config.dump_folder == str(tmp_path / "run")
+    assert config.hf_assets_path == str(assets.tokenizer_dir)
+    assert config.dataloader.dataset_path == str(assets.text_dataset_dir)
+    assert "--nproc_per_node=2" in plan.command and plan.command[-2:] == ["qwen3_neuron.train", str(tmp_path / "run")]
+    # fields nobody set keep the base config function's (qwen3_32b) values
+    assert config.checkpoint.export_dtype == "float16"
+    assert config.optimizer.param_groups[0].optimizer_kwargs["weight_decay"] == 0.1
+
+
+def test_overrides_reach_the_trainer_config(tmp_path, assets):
+    config = plan_for(
+        tmp_path,
+        "training.seq_len=128",                 # nested field
+        "lr_scheduler.warmup_steps=5",
+        "optimizer.lr=3e-4",                    # shorthand onto every param group
+        "compile.components=[loss]",            # list field
+        "debug.seed=7",
+    ).trainer_config
+    assert config.training.seq_len == 128
+    assert config.lr_scheduler.warmup_steps == 5
+    assert [g.optimizer_kwargs["lr"] for g in config.optimizer.param_groups] == [3e-4]
+    assert config.compile.components == ["loss"]
+    assert config.debug.seed == 7
+
+
+def test_section_class_swap_with_target(tmp_path, assets):
+    config = plan_for(
+        tmp_path, "+activation_checkpoint._target_=torchtitan.distributed.activation_checkpoint.FullAC.Config"
+    ).trainer_config
+    assert type(config.activation_checkpoint).__qualname__ == "FullAC.Config"
+
+
+def test_flavor_swap_to_4b_has_the_published_dimensions(tmp_path, assets):
+    model = plan_for(tmp_path, "model.flavor=4B").trainer_config.model_spec.model
+    layer = model.layers[0]
+    assert (model.vocab_size, model.dim, len(model.layers)) == (151936, 2560, 36)
+    assert (layer.attention.n_heads, layer.attention.n_kv_heads, layer.attention.head_dim) == (32, 8, 128)
+    assert layer.feed_forward.hidden_dim == 9728
+    assert model.enable_weight_tying is True
+    assert model.norm.eps == 1e-6 and layer.attention.qk_norm.eps == 1e-6
+    assert layer.attention.rope.theta == 1e6
+    instruct = plan_for(tmp_path, "model.flavor=4B-Instruct-2507").trainer_config.model_spec.model
+    assert {layer.attention.rope.theta for layer in instruct.layers} == {5e6}
+
+
+def test_loss_vocab_follows_the_swapped_flavor(tmp_path, assets):
+    config = plan_for(tmp_path).trainer_config
+    assert config.loss.loss_fn.global_vocab_size == config.model_spec.model.vocab_size == 2048
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("training.stpes=3", ["training.stpes", "'steps'"]),
+        ("model.flavr=x", ["model.flavr", "'flavor'"]),
+        ("training.steps=abc", ["training.steps", "expected int", "'abc'"]),
+        ("training.dtype=fp16", ["training.dtype", "'bfloat16'", "'float32'"]),
+        ("model.flavor=5B", ["model.flavor=5B", "4B", "tiny"]),
+        ("model.config_fn=qwen3_33b", ["model.config_fn=qwen3_33b", "qwen3_32b"]),
+        ("device=cuda", ["device.type=cuda", "CUDA"]),
+        ("parallelism.tensor_parallel_degree=3", ["parallelism", "world size 2"]),
+        ("run.nproc_per_node=0", ["run.nproc_per_node", ">= 1"]),
+        ("+dump_folder=/tmp/x", ["dump_folder", "hydra.run.dir"]),
+    ],
+)
+def test_bad_input_names_the_key(tmp_path, assets, override, expected):
+    with pytest.raises(ConfigError) as error:
+        plan_for(tmp_path, override)
+    for text in expected:
+        assert text in str(error.value)
+
+
+def test_missing_assets_fail_at_plan_time(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist.*qwen3_neuron.assets"):
+        plan_for(tmp_path, f"hf_assets_path={tmp_path}/nowhere")
+
+
+def test_dry_run_records_the_run_and_starts_nothing(tmp_path, assets):
+    run_dir = tmp_path / "run"
+    result = launch(run_dir, "run.dry_run=true", "training.steps=7", timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "torch.distributed.run --standalone --nproc_per_node=2 -m qwen3_neuron.train" in result.stdout
+    assert {"job.yaml", "trainer_config.json", "command.sh", "versions.json"} <= {p.name for p in run_dir.iterdir()}
+    assert not (run_dir / "train.log").exists() and not (run_dir / "metrics.jsonl").exists()
+    assert '"steps": 7' in (run_dir / "trainer_config.json").read_text()
+    assert "qwen3_neuron.train" in (run_dir / "command.sh").read_text()
+
+
+def test_typo_on_the_command_line_fails_before_anything_is_written(tmp_path, assets):
+    run_dir = tmp_path / "run"
+    result = launch(run_dir, "training.stpes=3", timeout=300)
+    assert result.returncode == 2
+    assert "training.stpes" in result.stderr and "'steps'" in result.stderr
+    assert not run_dir.exists()
