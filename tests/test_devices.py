@@ -1,0 +1,262 @@
+"""The device seam: device resolution, the CPU fixes, the SDPA stand-in for FlexAttention, and
+bare torchtitan training on 2 CPU ranks through `qwen3_neuron.torchtitan_cli`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import and_masks, create_block_mask
+
+from qwen3_neuron import devices, torchtitan_cli
+from qwen3_neuron.devices import DeviceUnavailableError
+
+REPO = Path(__file__).resolve().parents[1]
+HAS_CUDA = torch.cuda.is_available()
+HAS_TORCH_NEURONX = importlib.util.find_spec("torch_neuronx") is not None
+
+
+# ---- launcher side ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(HAS_CUDA or HAS_TORCH_NEURONX, reason="an accelerator stack is installed")
+def test_auto_is_cpu_without_accelerators():
+    assert devices.resolve_device("auto") == "cpu"
+    assert devices.resolve_device("cpu") == "cpu"
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="CUDA is available here")
+def test_cuda_without_cuda_says_what_to_install():
+    with pytest.raises(DeviceUnavailableError, match="device=cuda") as error:
+        devices.resolve_device("cuda")
+    assert isinstance(error.value, ValueError)
+    assert "CUDA build" in str(error.value) and "pip install torch" in str(error.value)
+
+
+@pytest.mark.skipif(HAS_TORCH_NEURONX, reason="torch-neuronx is installed here")
+def test_neuron_without_torch_neuronx_names_the_aws_index():
+    with pytest.raises(DeviceUnavailableError, match="torch-neuronx is not installed") as error:
+        devices.resolve_device("neuron")
+    assert "not on PyPI" in str(error.value)
+    assert "https://pip.repos.neuron.amazonaws.com" in str(error.value)
+    assert "torch_neuronx" not in sys.modules
+
+
+def test_unknown_device_is_rejected_with_the_choices():
+    with pytest.raises(DeviceUnavailableError, match="auto, cpu, cuda, neuron"):
+        devices.resolve_device("tpu")
+
+
+def test_launch_facts_per_device():
+    assert devices.default_nproc("cpu") == 2
+    assert [devices.dist_backend(d) for d in devices.DEVICE_TYPES] == ["gloo", "nccl", "neuron"]
+    cores = len(os.sched_getaffinity(0))
+    assert devices.worker_env("cpu") == {"OMP_NUM_THREADS": str(max(1, cores // 2))}
+    assert devices.worker_env("cpu", nproc=1) == {"OMP_NUM_THREADS": str(cores)}
+    assert devices.worker_env("neuron") == {"NEURON_LOGICAL_NC_CONFIG": "2"}
+    if not HAS_TORCH_NEURONX:
+        assert devices.default_nproc("neuron") == 64  # trn2.48xlarge, LNC=2
+
+
+def test_cpu_native_models_get_the_sdpa_override_and_it_is_registered():
+    from torchtitan.config.override import _REGISTRY
+
+    assert devices.override_imports("cpu", "native") == [devices.SDPA_FOR_FLEX_OVERRIDE]
+    assert devices.override_imports("cpu", "moe") == [devices.SDPA_FOR_FLEX_OVERRIDE]
+    assert devices.override_imports("cpu", "hf") == []  # install() patches the HF backend
+    assert devices.override_imports("cuda", "native") == []
+    importlib.import_module(devices.SDPA_FOR_FLEX_OVERRIDE.rsplit(".", 1)[0])
+    assert devices.SDPA_FOR_FLEX_OVERRIDE in _REGISTRY
+
+
+# ---- torchtitan_cli argument handling ----------------------------------------------------------
+
+
+def test_cli_splits_off_device_and_detects_the_hf_backend():
+    assert torchtitan_cli.split_device(["--device", "cpu", "--module", "qwen3"]) == ("cpu", ["--module", "qwen3"])
+    assert torchtitan_cli.split_device(["--device=cuda"]) == ("cuda", [])
+    assert torchtitan_cli.split_device(["--module", "qwen3"]) == ("auto", ["--module", "qwen3"])
+    assert torchtitan_cli.model_kind(["--module", "qwen3"]) == "native"
+    assert torchtitan_cli.model_kind(["--module=transformers_modeling_backend"]) == "hf"
+
+
+def test_cli_merges_override_imports_into_one_flag():
+    ours = devices.SDPA_FOR_FLEX_OVERRIDE
+    args = ["--override.imports", "a.b.f", "c.d.g", "--training.steps", "5"]
+    merged = torchtitan_cli.with_override_imports(args, [ours])
+    assert merged == ["--training.steps", "5", "--override.imports", "a.b.f", "c.d.g", ours]
+    already = torchtitan_cli.with_override_imports([f"--override.imports={ours}"], [ours])
+    assert already == ["--override.imports", ours]
+    assert torchtitan_cli.with_override_imports(["--x", "1"], []) == ["--x", "1"]
+
+
+# ---- the SDPA stand-in for FlexAttention ---------------------------------------------------------
+
+B, L, N, H = 2, 256, 4, 32  # two 128-token blocks, so the mask has full and partial blocks
+
+
+def _block_mask(kind: str):
+    from torchtitan.models.common.attention import get_causal_mask_mod, get_document_mask_mod
+
+    if kind == "causal":
+        mask_mod = get_causal_mask_mod()
+    else:  # causal within documents of 100, 120 and 36 tokens (packed samples)
+        positions = torch.cat([torch.arange(100), torch.arange(120), torch.arange(36)]).repeat(B, 1)
+        mask_mod = and_masks(get_causal_mask_mod(), get_document_mask_mod(positions))
+    return create_block_mask(mask_mod, B, None, L, L, device="cpu"), mask_mod
+
+
+def _qkv(n_kv_heads: int, requires_grad: bool = False):
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(B, L, N, H), (B, L, n_kv_heads, H), (B, L, n_kv_heads, H)]
+    return [torch.randn(s, generator=generator, requires_grad=requires_grad) for s in shapes]
+
+
+def _reference_attention(q_BLNH, k_BLNH, v_BLNH, mask_mod, scale):
+    """Plain softmax attention, key/value heads repeated for GQA."""
+    groups = q_BLNH.shape[2] // k_BLNH.shape[2]
+    q, k, v = (t.transpose(1, 2) for t in (q_BLNH, k_BLNH, v_BLNH))
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    b, h, i, j = torch.meshgrid(*(torch.arange(n) for n in (B, 1, L, L)), indexing="ij")
+    allowed = mask_mod(b, h, i, j)
+    scores = (q @ k.transpose(-1, -2)) * scale
+    return (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("n_kv_heads", [N, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("kind", ["causal", "document"])
+def test_sdpa_override_matches_flex_attention_forward(kind, n_kv_heads):
+    from torchtitan.models.common.attention import FlexAttention
+
+    from qwen3_neuron.kernels.sdpa_attention import SDPAFlexAttention, sdpa_for_flex
+
+    config = sdpa_for_flex(FlexAttention.Config())
+    assert type(config) is SDPAFlexAttention.Config and isinstance(config, FlexAttention.Config)
+    block_mask, _ = _block_mask(kind)
+    q, k, v = _qkv(n_kv_heads)
+    kwargs = dict(attention_masks=block_mask, scale=0.125, enable_gqa=n_kv_heads < N)
+
+    expected = FlexAttention(FlexAttention.Config())(q, k, v, **kwargs)
+    actual = config.build()(q, k, v, **kwargs)
+
+    assert actual.shape == expected.shape == (B, L, N, H)
+    torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("n_kv_heads", [N, 2], ids=["mha", "gqa"])
+def test_sdpa_override_gradients_match_plain_attention(n_kv_heads):
+    from torchtitan.models.common.attention import FlexAttention
+
+    from qwen3_neuron.kernels.sdpa_attention import sdpa_for_flex
+
+    block_mask, mask_mod = _block_mask("document")
+    attention = sdpa_for_flex(FlexAttention.Config()).build()
+    q, k, v = _qkv(n_kv_heads, requires_grad=True)
+    out = attention(q, k, v, attention_masks=block_mask, scale=0.125, enable_gqa=n_kv_heads < N)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+
+    reference = _reference_attention(q, k, v, mask_mod, scale=0.125)
+    reference_grads = torch.autograd.grad(reference.square().sum(), (q, k, v))
+    for grad, reference_grad in zip(grads, reference_grads):
+        assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+        torch.testing.assert_close(grad, reference_grad, atol=1e-4, rtol=1e-4)
+
+
+def test_dense_mask_is_built_once_per_block_mask():
+    from qwen3_neuron.kernels.sdpa_attention import dense_mask
+
+    block_mask, mask_mod = _block_mask("causal")
+    first = dense_mask(block_mask)
+    assert dense_mask(block_mask) is first
+    assert first.dtype == torch.bool and first.shape == (B, 1, L, L)
+    assert torch.equal(first[0, 0], torch.ones(L, L, dtype=torch.bool).tril())
+    assert dense_mask(_block_mask("causal")[0]) is not first
+
+
+# ---- install("cpu") in a fresh worker-like process ---------------------------------------------
+
+INSTALL_PROBE = """
+import json, torch
+from qwen3_neuron import devices
+devices.install("cpu")
+devices.install("cpu")  # idempotent
+from torchtitan.tools import utils
+import torchtitan.distributed.utils as dist_utils
+from torchtitan.components.metrics import build_device_memory_monitor
+monitor = build_device_memory_monitor()
+block = torch.ones(2**24)  # 64 MiB, touched
+stats = monitor.get_peak_stats()
+monitor.reset_peak_stats()
+import torchtitan.experiments.transformers_modeling_backend.model as hf_model
+from qwen3_neuron.kernels.sdpa_attention import hf_sdpa_attention_forward
+print(json.dumps({
+    "device_type": utils.device_type,
+    "copied_device_type": dist_utils.device_type,
+    "device_index": monitor.device_index,
+    "capacity_gib": monitor.device_capacity_gib,
+    "peak_active_gib": stats.max_active_gib,
+    "peak_reserved_gib": stats.max_reserved_gib,
+    "has_set_timeout": hasattr(torch.distributed, "set_timeout"),
+    "hf_attention_is_sdpa": hf_model.flex_attention_forward is hf_sdpa_attention_forward,
+}))
+"""
+
+
+@pytest.mark.integration
+def test_install_cpu_makes_torchtitan_memory_monitor_report_peak_rss():
+    result = subprocess.run(
+        [sys.executable, "-c", INSTALL_PROBE], cwd=REPO, capture_output=True, text=True, timeout=180
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["device_type"] == report["copied_device_type"] == "cpu"
+    assert report["device_index"] == 0
+    assert report["peak_active_gib"] == report["peak_reserved_gib"] > 64 / 1024
+    assert report["capacity_gib"] > report["peak_active_gib"]
+    assert report["has_set_timeout"]
+    assert report["hf_attention_is_sdpa"]
+
+
+# ---- bare torchtitan, 2 CPU ranks, FSDP on gloo ------------------------------------------------
+
+
+def _tensorboard_scalars(dump_folder: Path, tag: str) -> dict[int, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run_dir,) = (dump_folder / "tb").iterdir()
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {event.step: event.value for event in events.Scalars(tag)}
+
+
+@pytest.mark.integration
+def test_torchtitan_cli_trains_tiny_qwen3_on_two_cpu_ranks(assets, tmp_path):
+    steps = 5
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc_per_node", str(devices.default_nproc("cpu")),
+        "-m", "qwen3_neuron.torchtitan_cli", "--device", "cpu",
+        "--module", "qwen3", "--config", "qwen3_debugmodel",
+        "--training.steps", str(steps), "--training.seq_len", "128", "--training.local_batch_size", "2",
+        "--dataloader.dataset", "c4_test", "--dataloader.dataset_path", str(assets.text_dataset_dir),
+        "--hf_assets_path", str(assets.tokenizer_dir), "--dump_folder", str(tmp_path),
+        "--debug.seed", "0", "--checkpoint.no-enable", "--metrics.enable_tensorboard",
+    ]  # fmt: skip
+    env = {**os.environ, **devices.worker_env("cpu"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "FlexAttention.Config -> SDPAFlexAttention.Config" in result.stdout + result.stderr
+
+    losses = _tensorboard_scalars(tmp_path, "loss_metrics/global_avg_loss")
+    assert sorted(losses) == list(range(1, steps + 1))
+    assert all(math.isfinite(loss) for loss in losses.values())
+    assert losses[steps] < losses[1]
+    peak_memory = _tensorboard_scalars(tmp_path, "memory/max_reserved(GiB)")
+    assert all(gib > 0 for gib in peak_memory.values())
