@@ -57,7 +57,8 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
     """Validate everything and work out what to run; raises ConfigError on bad input."""
     settings = parse_settings(composed)
     device = _resolve_device(settings.device.type)
-    nproc = settings.run.nproc_per_node or devices.default_nproc(device)
+    nproc = settings.run.nproc_per_node
+    nproc = devices.default_nproc(device) if nproc is None else nproc
     if nproc < 1:
         raise ConfigError(f"run.nproc_per_node must be >= 1, got {nproc}.")
     config = build_trainer_config(composed, run_dir, device)
@@ -67,9 +68,11 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", f"--nproc_per_node={nproc}",
+        # every rank's full output under the run dir; the terminal shows rank 0's
+        f"--log-dir={run_dir / 'ranks'}", "--tee=3", "--local-ranks-filter=0", "--role=rank",
         "-m", "qwen3_neuron.train", str(run_dir),
     ]  # fmt: skip
-    return Plan(settings, device, nproc, config, command, devices.worker_env(device))
+    return Plan(settings, device, nproc, config, command, devices.worker_env(device, nproc))
 
 
 def build_trainer_config(composed: Mapping[str, Any], run_dir: Path, device: str) -> Trainer.Config:
