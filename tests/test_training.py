@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
-from conftest import launch, read_jsonl
+from conftest import REPO, launch, read_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -47,3 +52,37 @@ def test_same_seed_twice_gives_identical_losses(tmp_path, default_run):
     first = [r["loss"] for r in read_jsonl(default_run / "metrics.jsonl")]
     second = [r["loss"] for r in read_jsonl(again / "metrics.jsonl")]
     assert first == second
+
+
+def test_ctrl_c_stops_every_worker_and_records_the_interruption(tmp_path, assets):
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", "training.steps=500"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.time() + 300
+    while not _steps_logged(run_dir) >= 2 and time.time() < deadline:
+        assert process.poll() is None, "the run ended before it could be interrupted"
+        time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=120) != 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and 2 <= summary["steps"] < 500
+    assert _processes_mentioning(str(run_dir)) == []
+
+
+def _steps_logged(run_dir) -> int:
+    metrics = run_dir / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in args:
+            found.append(args)
+    return found

@@ -1,0 +1,135 @@
+"""What launch.py costs over bare torchtitan, measured in one run on one config and seed.
+
+    .venv/bin/python bench/launch_overhead.py [--steps 20] [--repeats 2]
+
+Both sides train torchtitan's `qwen3_debugmodel` on 2 CPU ranks with the same torchtitan settings:
+bare torchtitan through `torchrun -m qwen3_neuron.torchtitan_cli` (stock `torchtitan.train` + the
+same CPU fixes), and `launch.py` with the same values as Hydra overrides. Runs alternate
+(bare, launch, bare, launch, ...) so machine noise hits both alike. Printed:
+
+- tokens/s per device: the median of torchtitan's own `tps` over steps >= 2, median over repeats
+- time to first step: process start -> torchtitan's `step:  1` line, median over repeats
+- dry run: `launch.py run.dry_run=true` wall time minus the time to import torchtitan
+
+Targets: tokens/s ratio >= 0.99, time-to-first-step ratio <= 1.05, dry run < 1.5 s over import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from qwen3_neuron.assets import DATASET_NAME, build_assets  # noqa: E402
+
+STEP = re.compile(r"step:\s+(\d+).*?tps: ([0-9,]+)")
+SELECTIVE_AC = "torchtitan.distributed.activation_checkpoint.SelectiveAC.Config"
+
+
+def shared_settings(steps: int) -> dict[str, object]:
+    paths = build_assets()
+    return {
+        "training.steps": steps,
+        "training.seq_len": 256,
+        "training.local_batch_size": 2,
+        "lr_scheduler.warmup_steps": 2,
+        "debug.seed": 42,
+        "metrics.log_freq": 1,
+        "hf_assets_path": paths.tokenizer_dir,
+        "dataloader.dataset": DATASET_NAME,
+        "dataloader.dataset_path": paths.text_dataset_dir,
+    }
+
+
+def bare_command(settings: dict) -> list[str]:
+    flags = [f"--{key}={value}" for key, value in settings.items()]
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "--local-ranks-filter=0", "--tee=3", "--role=rank",
+        "-m", "qwen3_neuron.torchtitan_cli", "--device", "cpu",
+        "--module", "qwen3", "--config", "qwen3_debugmodel", *flags,
+    ]  # fmt: skip
+
+
+def launch_command(settings: dict, run_dir: Path) -> list[str]:
+    overrides = [f"{key}={value}" for key, value in settings.items()]
+    return [
+        sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}",
+        "model.config_fn=qwen3_debugmodel", "model.flavor=debugmodel",
+        # the same torchtitan config as the bare run: its AC, no TensorBoard
+        f"+activation_checkpoint._target_={SELECTIVE_AC}", "metrics.enable_tensorboard=false",
+        *overrides,
+    ]  # fmt: skip
+
+
+def timed_training(command: list[str], cwd: Path) -> tuple[float, float]:
+    """(seconds to torchtitan's first step line, median tps per device over steps >= 2)."""
+    start = time.perf_counter()
+    first_step, tps = None, []
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:
+        match = STEP.search(line)
+        if not match:
+            continue
+        step = int(match.group(1))
+        if step == 1 and first_step is None:
+            first_step = time.perf_counter() - start
+        elif step >= 2:
+            tps.append(float(match.group(2).replace(",", "")))
+    if process.wait() != 0 or first_step is None:
+        raise SystemExit(f"run failed: {' '.join(command)}")
+    return first_step, statistics.median(tps)
+
+
+def wall_seconds(command: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, cwd=REPO, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    settings = shared_settings(args.steps)
+    results: dict[str, list[tuple[float, float]]] = {"bare": [], "launch": []}
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        for repeat in range(args.repeats):
+            results["bare"].append(timed_training(bare_command(settings), scratch))
+            run_dir = scratch / f"launch-{repeat}"
+            results["launch"].append(timed_training(launch_command(settings, run_dir), REPO))
+            print(f"repeat {repeat}: bare {results['bare'][-1]}, launch {results['launch'][-1]}", flush=True)
+        dry_run = [
+            wall_seconds([*launch_command(settings, scratch / f"dry-{i}"), "run.dry_run=true"]) for i in range(3)
+        ]
+    imports = [
+        wall_seconds([sys.executable, "-c", "import torchtitan.trainer, torchtitan.models.qwen3.config_registry"])
+        for _ in range(3)
+    ]
+
+    def median_of(side: str, index: int) -> float:
+        return statistics.median(r[index] for r in results[side])
+
+    tps_ratio = median_of("launch", 1) / median_of("bare", 1)
+    first_step_ratio = median_of("launch", 0) / median_of("bare", 0)
+    dry_run_extra = statistics.median(dry_run) - statistics.median(imports)
+    print(f"tokens/s per device   bare {median_of('bare', 1):8.0f}  launch.py {median_of('launch', 1):8.0f}"
+          f"  ratio {tps_ratio:.3f}  (target >= 0.99)")
+    print(f"time to first step s  bare {median_of('bare', 0):8.2f}  launch.py {median_of('launch', 0):8.2f}"
+          f"  ratio {first_step_ratio:.3f}  (target <= 1.05)")
+    print(f"dry run s             {statistics.median(dry_run):.2f}  import torchtitan {statistics.median(imports):.2f}"
+          f"  extra {dry_run_extra:.2f}  (target < 1.5)")
+
+
+if __name__ == "__main__":
+    main()
