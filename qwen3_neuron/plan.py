@@ -21,7 +21,7 @@ from torchtitan.trainer import Trainer
 
 from qwen3_neuron import devices
 from qwen3_neuron.fields import ConfigError, apply_fields, unknown_key_message
-from qwen3_neuron.flavors import native_model_spec
+from qwen3_neuron.flavors import moe_model_spec, native_model_spec
 from qwen3_neuron.settings import SECTIONS, Settings, parse_settings
 
 # Fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
@@ -123,10 +123,16 @@ def _base_config(module: str, config_fn: str) -> Trainer.Config:
 
 
 def _model_spec(settings: Settings):
-    kind = settings.model.kind
-    if kind == "native":
-        return native_model_spec(settings.model.flavor)
-    raise ConfigError(f"model={kind} is not available yet in this version; use model=native.")
+    model = settings.model
+    moe_changes = {"num_experts": model.num_experts, "top_k": model.top_k, "moe_hidden_dim": model.moe_hidden_dim}
+    if model.kind == "moe":
+        return moe_model_spec(model.flavor, **moe_changes)
+    stray = [key for key, value in moe_changes.items() if value is not None]
+    if stray:
+        raise ConfigError(f"model.{stray[0]} applies to model=moe only (this is model={model.kind}).")
+    if model.kind == "native":
+        return native_model_spec(model.flavor)
+    raise ConfigError(f"model={model.kind} is not available yet in this version; use model=native.")
 
 
 def _apply_optimizer_shorthands(config: Trainer.Config, values: Mapping[str, Any]) -> dict:
