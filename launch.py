@@ -10,6 +10,7 @@ Hydra runs here only; workers rebuild their config from the run dir (qwen3_neuro
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -29,6 +30,7 @@ from qwen3_neuron.record import write_record
 from qwen3_neuron.report import summarize, write_summary
 
 compose.register()
+sys.path.insert(0, os.getcwd())  # as `python -m` does: a user's kernel module beside them imports
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -54,7 +56,10 @@ def main(cfg: DictConfig) -> int:
     start = time.time()
     result = run_torchrun(plan.command, plan.env, run_dir)
     status = "interrupted" if result.interrupted_by else ("completed" if result.returncode == 0 else "failed")
-    summary = summarize(run_dir, status, time.time() - start, exit_code=result.returncode)
+    summary = summarize(
+        run_dir, status, time.time() - start,
+        exit_code=result.returncode, overrides=plan.replacements_by_override(),
+    )  # fmt: skip
     write_summary(run_dir, summary)
     print(f"[qwen3-neuron] {status}: {json.dumps(summary)}\n[qwen3-neuron] run dir: {run_dir}")
     if single_run:
@@ -68,6 +73,8 @@ def _print_plan(plan, run_dir: Path) -> None:
     config["model_spec"] = f"{spec['name']} {spec['flavor']} (full model config: trainer_config.json)"
     print(json.dumps(config, indent=2, default=repr))
     print(f"\n[qwen3-neuron] device: {plan.device}, world size {plan.world_size}")
+    for line in plan.replacements:
+        print(f"[qwen3-neuron] {line}")
     print(f"[qwen3-neuron] command: {plan.command_line()}")
     print(f"[qwen3-neuron] dry run: nothing started; record in {run_dir}")
 

@@ -7,8 +7,10 @@ inputs, same config.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from torchtitan.components.loss import CrossEntropyLoss
+from torchtitan.config.override import apply_overrides
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.trainer import Trainer
 
@@ -43,6 +46,15 @@ class Plan:
     trainer_config: Trainer.Config
     command: list[str]
     env: dict[str, str]
+    replacements: list[str]  # torchtitan's "[Override] target: fqn Old -> New" lines
+
+    def replacements_by_override(self) -> dict[str, list[str]]:
+        """{override target: ["fqn Old -> New", ...]}, for the summary."""
+        grouped: dict[str, list[str]] = {}
+        for line in self.replacements:
+            target, _, change = line.removeprefix("[Override] ").partition(": ")
+            grouped.setdefault(target, []).append(change)
+        return grouped
 
     @property
     def world_size(self) -> int:
@@ -65,6 +77,7 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
     world_size = nproc * settings.run.nnodes
     _check_parallel_layout(config, world_size)
     _check_local_paths(config)
+    replacements = _check_overrides(config)
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", f"--nproc_per_node={nproc}",
@@ -72,7 +85,9 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
         f"--log-dir={run_dir / 'ranks'}", "--tee=3", "--local-ranks-filter=0", "--role=rank",
         "-m", "qwen3_neuron.train", str(run_dir),
     ]  # fmt: skip
-    return Plan(settings, device, nproc, config, command, devices.worker_env(device, nproc))
+    # user kernels importable from where launch.py runs are importable in the workers too
+    env = {**devices.worker_env(device, nproc), "PYTHONPATH": _worker_pythonpath()}
+    return Plan(settings, device, nproc, config, command, env, replacements)
 
 
 def build_trainer_config(composed: Mapping[str, Any], run_dir: Path, device: str) -> Trainer.Config:
@@ -97,6 +112,11 @@ def build_trainer_config(composed: Mapping[str, Any], run_dir: Path, device: str
         *_kernel_overrides(settings, device),
     ]
     return config
+
+
+def _worker_pythonpath() -> str:
+    inherited = os.environ.get("PYTHONPATH")
+    return os.pathsep.join([os.getcwd(), inherited] if inherited else [os.getcwd()])
 
 
 def _resolve_device(requested: str) -> str:
@@ -159,7 +179,31 @@ def _kernel_overrides(settings: Settings, device: str) -> list[str]:
             f"kernels={kernels.name} needs device {' or '.join(kernels.devices)}, "
             f"but the device is {device}. Use kernels=none or kernels=blockwise here."
         )
-    return [*kernels.factories, *kernels.overrides]
+    kernel_kwargs = {"block_size": kernels.block_size}
+    return [*((factory, kernel_kwargs) for factory in kernels.factories), *kernels.overrides]
+
+
+def _check_overrides(config: Trainer.Config) -> list[str]:
+    """Apply the override imports to a copy of the config, as the trainer will: a target that
+    does not import, names no @override or replaces nothing fails here, named."""
+    trial = copy.deepcopy(config)
+    try:
+        replacements = apply_overrides(trial.override, trial)
+    except (ImportError, ValueError, TypeError) as e:
+        hint = (
+            " A kernels.overrides entry replacing the same nodes as the kernels option's own "
+            "factories needs kernels=none (or narrower fqns in its @override)."
+            if "both claim node" in str(e) else ""
+        )  # fmt: skip
+        raise ConfigError(f"override.imports: {e}{hint}") from e
+    for entry in config.override.imports:
+        target = entry if isinstance(entry, str) else entry[0]
+        if not any(line.startswith(f"[Override] {target}:") for line in replacements):
+            raise ConfigError(
+                f"override '{target}' matches no node of this model ({config.model_spec.flavor}): "
+                "check its @override target class and fqns."
+            )
+    return replacements
 
 
 def _check_parallel_layout(config: Trainer.Config, world_size: int) -> None:
