@@ -169,8 +169,8 @@ def _swap_class(node: Any, target: str, path: str, hint: Any) -> Any:
     """Replace ``node`` (a config, or None) by an instance of ``target``, keeping shared fields."""
     from torchtitan.config.override import derive
 
-    module_name, class_path = _split_target(target)
     try:
+        module_name, class_path = _split_target(target)
         cls: Any = importlib.import_module(module_name)
         for part in class_path.split("."):
             cls = getattr(cls, part)

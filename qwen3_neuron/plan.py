@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+import operator
 import os
 import shlex
 import sys
@@ -33,6 +34,9 @@ FRAMEWORK_OWNED = {"model_spec": "model.flavor", "dump_folder": "hydra.run.dir"}
 # `optimizer.lr=3e-4` and friends: set on every param group (torchtitan 0.3.0 keeps them in
 # `optimizer.param_groups[i].optimizer_kwargs`).
 OPTIMIZER_SHORTHANDS = ("lr", "weight_decay", "betas", "eps")
+
+# Counts torchtitan takes as given; zero or negative would fail late or loop forever.
+MUST_BE_POSITIVE = ("training.steps", "training.local_batch_size", "training.seq_len", "metrics.log_freq")
 
 # Metrics to metrics.jsonl: swapped in through torchtitan's own override registry.
 METRICS_OVERRIDE = "qwen3_neuron.metrics.run_dir_metrics"
@@ -75,6 +79,7 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
         raise ConfigError(f"run.nproc_per_node must be >= 1, got {nproc}.")
     config = build_trainer_config(composed, run_dir, device)
     world_size = nproc * settings.run.nnodes
+    _check_positive(config)
     _check_parallel_layout(config, world_size)
     _check_local_paths(config)
     replacements = _check_overrides(config)
@@ -204,6 +209,17 @@ def _check_overrides(config: Trainer.Config) -> list[str]:
                 "check its @override target class and fqns."
             )
     return replacements
+
+
+def _check_positive(config: Trainer.Config) -> None:
+    for key in MUST_BE_POSITIVE:
+        value = operator.attrgetter(key)(config)
+        if value < 1:
+            raise ConfigError(f"{key} must be a positive integer, got {value}.")
+    for index, group in enumerate(config.optimizer.param_groups):
+        lr = group.optimizer_kwargs.get("lr")
+        if lr is not None and not lr > 0:
+            raise ConfigError(f"optimizer.lr (param group {index}, {group.pattern!r}) must be > 0, got {lr}.")
 
 
 def _check_parallel_layout(config: Trainer.Config, world_size: int) -> None:

@@ -42,28 +42,3 @@ def test_blockwise_replaces_every_experts_node_with_its_block_size(tmp_path, ass
 def test_a_users_kernel_goes_through_the_same_flow(tmp_path, assets):
     plan = plan_for(tmp_path, "model=moe", "kernels.overrides=[examples.my_moe.my_experts]")
     assert len(plan.replacements_by_override()["examples.my_moe.my_experts"]) == 2
-
-
-@pytest.mark.parametrize(
-    "overrides, expected",
-    [
-        (["model=moe", "kernels=nki"], "kernels=nki needs device neuron"),
-        (["model=moe", "kernels.overrides=[no_such_pkg.moe.experts]"], "no_such_pkg.moe.experts"),
-        (["model=moe", "kernels.overrides=[qwen3_neuron.metrics.not_an_override]"], "names no registered @override"),
-        (["kernels=blockwise"], f"'{BLOCKWISE}' matches no node"),
-        (["model=moe", "kernels=blockwise", "kernels.overrides=[examples.my_moe.my_experts]"], "kernels=none"),
-        (["model=moe", "model.top_k=9"], "model.top_k=9"),
-        (["model=moe", "model.flavor=tiny"], "Valid: 235B-A22B, 30B-A3B, debugmodel_moe, tiny_moe"),
-        (["model.num_experts=4"], "model.num_experts applies to model=moe"),
-    ],
-)
-def test_bad_kernel_and_moe_input_fails_at_plan_time(tmp_path, assets, overrides, expected):
-    with pytest.raises(ConfigError) as error:
-        plan_for(tmp_path, *overrides)
-    assert expected in str(error.value)
-
-
-def test_nki_on_cpu_starts_no_process(tmp_path, assets):
-    result = launch(tmp_path / "run", "model=moe", "kernels=nki", timeout=300)
-    assert result.returncode == 2 and "kernels=nki needs device neuron" in result.stderr
-    assert not (tmp_path / "run").exists()
