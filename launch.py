@@ -28,6 +28,7 @@ from qwen3_neuron.launcher import run_torchrun
 from qwen3_neuron.plan import make_plan
 from qwen3_neuron.record import write_record
 from qwen3_neuron.report import summarize, write_summary
+from qwen3_neuron.resume import resumed_config
 
 compose.register()
 sys.path.insert(0, os.getcwd())  # as `python -m` does: a user's kernel module beside them imports
@@ -40,6 +41,8 @@ def main(cfg: DictConfig) -> int:
     single_run = hydra_config.mode == RunMode.RUN
     try:
         composed = OmegaConf.to_container(cfg, resolve=True)
+        if composed["run"]["resume"]:
+            composed = resumed_config(run_dir, composed, list(hydra_config.overrides.task))
         plan = make_plan(composed, run_dir)
     except (ConfigError, OmegaConfBaseException) as e:
         print(f"Config error: {e}", file=sys.stderr)

@@ -4,6 +4,7 @@
   `training.steps=20` works without a `+` and every key reaches `fields.apply_fields`, which
   checks it against torchtitan's dataclasses and names the closest valid keys on a typo.
 - the `${assets:...}` resolver: paths of the project's tiny generated assets.
+- the `${resume_or:...}` resolver: the run dir is `run.resume` when resuming, else a new one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def register() -> None:
     """Idempotent; call before Hydra composes (launch.py, tests using the compose API)."""
     ConfigStore.instance().store(name="torchtitan_sections", node=_open_sections())
     OmegaConf.register_new_resolver("assets", _asset, replace=True)
+    OmegaConf.register_new_resolver("resume_or", _resume_or, replace=True)
 
 
 def _open_sections():
@@ -44,3 +46,7 @@ def _asset(name: str) -> str:
     if name == "dataset_name":
         return assets.DATASET_NAME
     return str(getattr(assets.asset_paths(), name))
+
+
+def _resume_or(resume: str | None, new_dir: str) -> str:
+    return new_dir if resume is None else str(Path(resume).expanduser().resolve())

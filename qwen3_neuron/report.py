@@ -13,10 +13,16 @@ SUMMARY_FILE = "summary.json"
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """One record per step; a resumed run re-logs the steps after its checkpoint: the last wins."""
     path = run_dir / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by_step = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            by_step[record["step"]] = record
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> dict[str, Any]:

@@ -78,6 +78,9 @@ class RunSettings:
     dry_run: bool = False
     """Print the final torchtitan config and torchrun command, write the run record, start nothing."""
 
+    resume: str | None = None
+    """A run dir to continue from its newest complete checkpoint, with the config it recorded."""
+
 
 @dataclass(kw_only=True)
 class Settings:

@@ -33,10 +33,11 @@ def compose_config(*overrides: str) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-def launch(run_dir: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    """`python launch.py ...` with its run dir pinned to `run_dir`."""
+def launch(run_dir: Path | None, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`python launch.py ...` with its run dir pinned to `run_dir` (None: Hydra's choice)."""
+    pinned = [f"hydra.run.dir={run_dir}"] if run_dir else []
     return subprocess.run(
-        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *overrides],
+        [sys.executable, str(REPO / "launch.py"), *pinned, *overrides],
         cwd=REPO,
         capture_output=True,
         text=True,

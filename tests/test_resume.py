@@ -1,0 +1,86 @@
+"""Integration: kill -9 a run mid-way, resume it, and get the uninterrupted run's losses."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, launch, read_jsonl
+
+pytestmark = pytest.mark.integration
+
+STEPS = 10
+CHECKPOINTED = ["checkpointing=periodic", "checkpoint.interval=4", f"training.steps={STEPS}"]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl")}
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_resume_after_kill_9_continues_with_identical_losses(tmp_path, assets, nproc):
+    ranks = f"run.nproc_per_node={nproc}"
+    uninterrupted = tmp_path / "uninterrupted"
+    assert launch(uninterrupted, ranks, *CHECKPOINTED).returncode == 0
+
+    run_dir = tmp_path / "killed"
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", ranks, *CHECKPOINTED],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    _wait_for(lambda: (run_dir / "checkpoint" / "step-4" / ".metadata").exists() and _logged(run_dir) >= 6, process)
+    _kill_everything_mentioning(str(run_dir))
+    process.wait(timeout=60)
+    assert not (run_dir / "summary.json").exists()
+    # a checkpoint cut short while being written (no .metadata) must never be picked
+    (run_dir / "checkpoint" / "step-9").mkdir()
+
+    result = launch(None, f"run.resume={run_dir}", ranks)
+    assert result.returncode == 0, result.stdout[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == STEPS
+    resumed, reference = losses(run_dir), losses(uninterrupted)
+    assert sorted(resumed) == list(range(1, STEPS + 1))
+    assert [resumed[s] for s in range(5, STEPS + 1)] == [reference[s] for s in range(5, STEPS + 1)]
+    loaded = re.search(r"Loading the checkpoint from \S*step-(\d+)", result.stdout)
+    assert loaded and int(loaded.group(1)) in (4, 8)  # never the unfinished step-9
+
+
+def test_resume_refuses_a_dir_without_checkpoint_and_a_changed_config(tmp_path, assets):
+    run_dir = tmp_path / "run"
+    assert launch(run_dir, "run.dry_run=true").returncode == 0
+    result = launch(None, f"run.resume={run_dir}")
+    assert result.returncode == 2 and "no complete checkpoint" in result.stderr
+    (run_dir / "checkpoint" / "step-2").mkdir(parents=True)
+    (run_dir / "checkpoint" / "step-2" / ".metadata").touch()
+    result = launch(None, f"run.resume={run_dir}", "optimizer.lr=1e-2")
+    assert result.returncode == 2 and "changes 'optimizer.lr'" in result.stderr
+
+
+def _logged(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _wait_for(condition, process, timeout=300):
+    deadline = time.time() + timeout
+    while not condition():
+        assert process.poll() is None and time.time() < deadline, "run ended or stalled before the kill"
+        time.sleep(0.2)
+
+
+def _kill_everything_mentioning(text: str) -> None:
+    """kill -9 the launcher, torchrun and every worker of this run, as a machine crash would."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().replace(b"\0", b" ").decode():
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
