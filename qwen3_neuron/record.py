@@ -18,11 +18,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 JOB_FILE = "job.yaml"
+FAILURE_FILE = "failure.json"  # written by rank 0 when training raises
 PACKAGES = ("torch", "torchtitan", "transformers", "hydra-core", "omegaconf", "safetensors", "tokenizers")
 
 
 def write_record(run_dir: Path, job: dict[str, Any], plan) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / FAILURE_FILE).unlink(missing_ok=True)  # a resumed run starts with a clean slate
     OmegaConf.save(OmegaConf.create(job), run_dir / JOB_FILE)
     (run_dir / "trainer_config.json").write_text(
         json.dumps(plan.trainer_config.to_dict(), indent=2, default=repr) + "\n"

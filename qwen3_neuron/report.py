@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen3_neuron.metrics import METRICS_FILE
+from qwen3_neuron.record import FAILURE_FILE
 
 SUMMARY_FILE = "summary.json"
 
@@ -30,6 +31,8 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
     # Step 1 carries start-up (compile, first allocations): throughput is the median after it.
     steady = [r["tokens_per_second"] for r in records[1:] if "tokens_per_second" in r]
     peaks = [r["peak_memory_gib"] for r in records if "peak_memory_gib" in r]
+    failure_file = run_dir / FAILURE_FILE
+    failure = json.loads(failure_file.read_text()) if failure_file.exists() else {}
     return {
         "status": status,
         "steps": records[-1]["step"] if records else 0,
@@ -39,6 +42,7 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "mfu": None,
         "peak_memory_gib": max(peaks) if peaks else None,
         "wall_seconds": round(wall_seconds, 3),
+        **failure,
         **extra,
     }
 

@@ -54,21 +54,37 @@ def test_same_seed_twice_gives_identical_losses(tmp_path, default_run):
     assert first == second
 
 
-def test_ctrl_c_stops_every_worker_and_records_the_interruption(tmp_path, assets):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_stops_every_worker_and_keeps_completed_checkpoints(tmp_path, assets, signum):
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
-        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", "training.steps=500"],
+        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", "training.steps=500",
+         "checkpointing=periodic", "checkpoint.interval=2"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.time() + 300
-    while not _steps_logged(run_dir) >= 2 and time.time() < deadline:
+    while not _steps_logged(run_dir) >= 3 and time.time() < deadline:
         assert process.poll() is None, "the run ended before it could be interrupted"
         time.sleep(0.5)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     assert process.wait(timeout=120) != 0
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and 2 <= summary["steps"] < 500
+    assert summary["status"] == "interrupted" and 3 <= summary["steps"] < 500
     assert _processes_mentioning(str(run_dir)) == []
+    assert (run_dir / "checkpoint" / "step-2" / ".metadata").exists()
+
+
+def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(tmp_path, assets):
+    run_dir = tmp_path / "run"
+    result = launch(run_dir, "optimizer.lr=1e6", "training.steps=8", "checkpointing=periodic", "checkpoint.interval=2")
+    assert result.returncode != 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    nan_step = int(re.search(r"not finite .* at step (\d+)", summary["error"]).group(1))
+    assert summary["status"] == "failed" and summary["steps"] == nan_step - 1
+    last_good = 2 * ((nan_step - 1) // 2)
+    assert summary["last_checkpoint"] == str(run_dir / "checkpoint" / f"step-{last_good}")
+    assert (run_dir / "checkpoint" / f"step-{last_good}" / ".metadata").exists()
+    assert f"Last good checkpoint: {summary['last_checkpoint']}" in result.stderr + result.stdout
 
 
 def _steps_logged(run_dir) -> int:
