@@ -23,8 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from qwen3_neuron import compose
+from qwen3_neuron.export import ExportError, export_after_training
 from qwen3_neuron.fields import ConfigError
 from qwen3_neuron.launcher import run_torchrun
+from qwen3_neuron.loss_check import check_run
 from qwen3_neuron.plan import make_plan
 from qwen3_neuron.record import write_record
 from qwen3_neuron.report import summarize, write_summary
@@ -59,15 +61,29 @@ def main(cfg: DictConfig) -> int:
     start = time.time()
     result = run_torchrun(plan.command, plan.env, run_dir)
     status = "interrupted" if result.interrupted_by else ("completed" if result.returncode == 0 else "failed")
+    exit_code, extra = result.returncode, {}
+    if status == "completed":  # every rank has finished writing: the HF save is complete
+        try:
+            export_dir = export_after_training(plan.trainer_config, run_dir, plan.settings.hf.export_dir)
+            extra["export_dir"] = str(export_dir) if export_dir else None
+        except ExportError as e:
+            print(f"[qwen3-neuron] export failed: {e}", file=sys.stderr)
+            status, exit_code = "failed", 1
     summary = summarize(
         run_dir, status, time.time() - start,
-        exit_code=result.returncode, overrides=plan.replacements_by_override(),
+        exit_code=exit_code, overrides=plan.replacements_by_override(), **extra,
     )  # fmt: skip
+    mode = plan.settings.hf.first_loss_check
+    verdict = check_run(summary["first_loss"], plan.trainer_config, mode, warn=lambda m: print(m, file=sys.stderr))
+    if verdict.fails(mode):
+        exit_code = exit_code or 1
+        summary.update(status="failed", exit_code=exit_code)
+    summary.update(verdict.summary_fields(mode))  # first_loss, random_init_loss_reference, first_loss_check
     write_summary(run_dir, summary)
-    print(f"[qwen3-neuron] {status}: {json.dumps(summary)}\n[qwen3-neuron] run dir: {run_dir}")
+    print(f"[qwen3-neuron] {summary['status']}: {json.dumps(summary)}\n[qwen3-neuron] run dir: {run_dir}")
     if single_run:
-        sys.exit(result.returncode)
-    return result.returncode
+        sys.exit(exit_code)
+    return exit_code
 
 
 def _print_plan(plan, run_dir: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import inspect
 import operator
 import os
@@ -26,10 +27,11 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron import devices
 from qwen3_neuron.fields import ConfigError, apply_fields, unknown_key_message
 from qwen3_neuron.flavors import moe_model_spec, native_model_spec
+from qwen3_neuron.hf_model import check_initial_hf_load, configure_hf_trainer, hf_model_spec
 from qwen3_neuron.settings import SECTIONS, Settings, parse_settings
 
 # Fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
-FRAMEWORK_OWNED = {"model_spec": "model.flavor", "dump_folder": "hydra.run.dir"}
+FRAMEWORK_OWNED = {"model_spec": "model.flavor", "dump_folder": "hydra.run.dir", "hf_model": "model.hf_model"}
 
 # `optimizer.lr=3e-4` and friends: set on every param group (torchtitan 0.3.0 keeps them in
 # `optimizer.param_groups[i].optimizer_kwargs`).
@@ -108,6 +110,9 @@ def build_trainer_config(composed: Mapping[str, Any], run_dir: Path, device: str
         if section == "optimizer" and isinstance(values, Mapping):
             values = _apply_optimizer_shorthands(config, values)
         config = apply_fields(config, {section: values}, "")
+    if settings.model.kind == "hf":
+        configure_hf_trainer(config, settings.model)  # hf_model + hf_assets_path -> the model dir
+    check_initial_hf_load(config, settings.model.kind)  # from_hf: safetensors present, arch matches
     _set_loss_vocab(config)
     config.dump_folder = str(run_dir)
     config.override.imports = [
@@ -132,7 +137,7 @@ def _resolve_device(requested: str) -> str:
 
 
 def _base_config(module: str, config_fn: str) -> Trainer.Config:
-    registry_name = f"torchtitan.models.{module}.config_registry" if "." not in module else module
+    registry_name = _registry_name(module)
     try:
         registry = importlib.import_module(registry_name)
     except ModuleNotFoundError as e:
@@ -147,6 +152,17 @@ def _base_config(module: str, config_fn: str) -> Trainer.Config:
     return getattr(registry, config_fn)()
 
 
+def _registry_name(module: str) -> str:
+    """As torchtitan's --module: a short name is looked up in torchtitan.models, then
+    torchtitan.experiments (transformers_modeling_backend lives there); a dotted name is used as is."""
+    if "." in module:
+        return module
+    for package in ("torchtitan.models", "torchtitan.experiments"):
+        if importlib.util.find_spec(f"{package}.{module}") is not None:
+            return f"{package}.{module}.config_registry"
+    return f"torchtitan.models.{module}.config_registry"
+
+
 def _model_spec(settings: Settings):
     model = settings.model
     moe_changes = {"num_experts": model.num_experts, "top_k": model.top_k, "moe_hidden_dim": model.moe_hidden_dim}
@@ -157,7 +173,7 @@ def _model_spec(settings: Settings):
         raise ConfigError(f"model.{stray[0]} applies to model=moe only (this is model={model.kind}).")
     if model.kind == "native":
         return native_model_spec(model.flavor)
-    raise ConfigError(f"model={model.kind} is not available yet in this version; use model=native.")
+    return hf_model_spec(model)
 
 
 def _apply_optimizer_shorthands(config: Trainer.Config, values: Mapping[str, Any]) -> dict:

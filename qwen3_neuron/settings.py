@@ -83,11 +83,24 @@ class RunSettings:
 
 
 @dataclass(kw_only=True)
+class HFSettings:
+    first_loss_check: Literal["warn", "fail", "off"] = "warn"
+    """When initial weights are loaded (checkpointing=from_hf): warn, or fail the run, when the
+    first step's loss is not at least 1 nat below a random init's ln(vocab) (the weights
+    probably did not load); off: no check (e.g. for untrained weights)."""
+
+    export_dir: str | None = None
+    """checkpointing=export_hf: where the complete HF model dir goes (absolute, or relative to
+    the run dir); null: <run dir>/hf_export."""
+
+
+@dataclass(kw_only=True)
 class Settings:
     model: ModelSettings
     kernels: KernelSettings
     device: DeviceSettings
     run: RunSettings
+    hf: HFSettings
 
 
 SECTIONS: dict[str, type] = {
@@ -95,6 +108,7 @@ SECTIONS: dict[str, type] = {
     "kernels": KernelSettings,
     "device": DeviceSettings,
     "run": RunSettings,
+    "hf": HFSettings,
 }
 
 

@@ -1,0 +1,568 @@
+"""model=hf and HF safetensors in and out, without the launcher: no process is started here
+except one `python -m qwen3_neuron.verify`.
+
+The HF saves are made the way torchtitan makes them (its state-dict adapter, then DCP's
+HuggingFaceStorageWriter and consolidation, as `DCPCheckpointManager.dcp_save(to_hf=True)` does),
+in this process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, compose_config
+from safetensors.torch import load_file, save_file
+
+from qwen3_neuron import export, hf_model, loss_check, verify
+from qwen3_neuron.fields import ConfigError
+from qwen3_neuron.flavors import native_model_spec
+from qwen3_neuron.settings import ModelSettings
+
+TINY_VOCAB = 2048
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def hf_settings(model_dir, **kw) -> ModelSettings:
+    return ModelSettings(kind="hf", flavor=kw.pop("flavor", "full"), hf_model=str(model_dir), **kw)
+
+
+def hf_trainer_config(model_dir, seq_len=256):
+    """The Trainer.Config a model=hf run gets (base function + our spec), before any worker."""
+    from torchtitan.experiments.transformers_modeling_backend.config_registry import (
+        transformers_modeling_backend_full,
+    )
+
+    config = transformers_modeling_backend_full()
+    config.model_spec = hf_model.hf_model_spec(hf_settings(model_dir))
+    config.training.seq_len = seq_len
+    hf_model.configure_hf_trainer(config, hf_settings(model_dir))
+    return config
+
+
+def native_trainer_config(tokenizer_dir):
+    from torchtitan.models.qwen3.config_registry import qwen3_32b
+
+    config = qwen3_32b()
+    config.model_spec = native_model_spec("tiny")
+    config.hf_assets_path = str(tokenizer_dir)
+    return config
+
+
+@contextlib.contextmanager
+def transformers_init_restored():
+    """torchtitan's HFTransformerModel patches Transformers' weight init process-wide
+    (`_patch_hf_llama_like`: PreTrainedModel._init_weights / _initialize_weights and the decoder
+    layer's __init__). A worker never loads with from_pretrained afterwards; this test process
+    does, so undo the patch once the model is built."""
+    from transformers import PreTrainedModel
+    from transformers.models.qwen3 import modeling_qwen3
+    from transformers.models.qwen3_moe import modeling_qwen3_moe
+
+    patched = [(PreTrainedModel, "_init_weights"), (PreTrainedModel, "_initialize_weights"),
+               (modeling_qwen3.Qwen3DecoderLayer, "__init__"), (modeling_qwen3_moe.Qwen3MoeDecoderLayer, "__init__")]  # fmt: skip
+    saved = [(owner, name, owner.__dict__[name]) for owner, name in patched]
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+def build_hf_model(config):
+    """What a worker builds for model=hf, on one CPU process (MoE swapped in as parallelize does)."""
+    with transformers_init_restored():
+        return _build_hf_model(config)
+
+
+def _build_hf_model(config):
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.experiments.transformers_modeling_backend.moe_replacement import (
+        build_and_swap_native_moe,
+    )
+
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    if any(getattr(layer, "moe_enabled", False) for layer in model.layers.values()):
+        one_rank = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
+        build_and_swap_native_moe(model, one_rank)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return model
+
+
+def build_native_model(spec):
+    with torch.device("meta"):
+        model = spec.model.build()
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return model
+
+
+def torchtitan_hf_save(hf_state_dict, step_dir: Path, fqn_to_index: dict[str, int] | None = None):
+    """Write `hf_state_dict` as torchtitan's last HF save does (checkpointer/dcp.py dcp_save)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint._consolidate_hf_safetensors import (
+        consolidate_safetensors_files_on_every_rank,
+    )
+
+    save_path = step_dir / "sharded" if fqn_to_index else step_dir
+    writer = HuggingFaceStorageWriter(
+        path=str(save_path), save_distributed=True, fqn_to_index_mapping=fqn_to_index,
+        enable_consolidation=not fqn_to_index,
+    )  # fmt: skip
+    dcp.save(hf_state_dict, storage_writer=writer)
+    if fqn_to_index:
+        consolidate_safetensors_files_on_every_rank(
+            input_dir=str(save_path), output_dir=str(step_dir), fqn_to_index_mapping=fqn_to_index, num_threads=1
+        )
+
+
+def weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        out.update(load_file(path))
+    return out
+
+
+def copy_model_dir(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+# ---- model=hf spec: architecture from config.json ----------------------------------------------
+
+
+def test_hf_spec_keeps_config_json_architecture(assets):
+    config = hf_trainer_config(assets.tiny_qwen3_dir)
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)  # what each worker does
+    written = json.loads((assets.tiny_qwen3_dir / "config.json").read_text())
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "rms_norm_eps"):  # fmt: skip
+        assert getattr(model_config, key) == written[key], key
+    assert model_config.rope_parameters["rope_theta"] == written["rope_parameters"]["rope_theta"] == 1e6
+    assert config.loss.global_vocab_size == TINY_VOCAB
+    assert config.hf_model == config.hf_assets_path == str(assets.tiny_qwen3_dir)
+    # the only training-time overwrite of an architecture field: positions follow seq_len
+    assert model_config.max_position_embeddings == 256
+
+
+def test_hf_spec_restores_biases_torchtitan_would_drop(assets, tmp_path):
+    model_dir = copy_model_dir(assets.tiny_qwen3_dir, tmp_path / "biased")
+    written = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**written, "attention_bias": True}))
+    config = hf_trainer_config(model_dir)
+    config.model_spec.model.update_from_config(config=config)
+    assert config.model_spec.model.attention_bias is True  # stock update_from_config forces False
+
+
+def test_hf_spec_picks_the_moe_config_for_the_moe_dir(assets):
+    assert hf_model.hf_model_spec(hf_settings(assets.tiny_qwen3_moe_dir)).model.is_moe
+    assert not hf_model.hf_model_spec(hf_settings(assets.tiny_qwen3_dir)).model.is_moe
+
+
+def test_hf_flavor_must_not_override_the_architecture(assets):
+    with pytest.raises(ConfigError, match=r"model.flavor=debugmodel does not fit model=hf.*full"):
+        hf_model.hf_model_spec(hf_settings(assets.tiny_qwen3_dir, flavor="debugmodel"))
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_hf_model_init_fills_rope_and_moe_states(assets, moe):
+    model_dir = assets.tiny_qwen3_moe_dir if moe else assets.tiny_qwen3_dir
+    model = build_hf_model(hf_trainer_config(model_dir))
+    rotary = model.model.model.rotary_emb
+    expected = 1.0 / (1e6 ** (torch.arange(0, 64, 2).float() / 64))
+    assert torch.allclose(rotary.inv_freq, expected) and torch.allclose(rotary.original_inv_freq, expected)
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point():
+            # uninitialised memory shows up as NaN or values like 3e14 (seen before the fix)
+            assert torch.isfinite(tensor).all() and tensor.abs().max() < 10, name
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_hf_adapter_round_trips_the_files_exactly(assets, moe):
+    model_dir = assets.tiny_qwen3_moe_dir if moe else assets.tiny_qwen3_dir
+    config = hf_trainer_config(model_dir)
+    model = build_hf_model(config)
+    adapter = config.model_spec.state_dict_adapter(config.model_spec.model, config.hf_assets_path)
+    on_disk = weights(model_dir)
+    assert {k: tuple(v.shape) for k, v in adapter.to_hf(model.state_dict()).items()} == {
+        k: tuple(v.shape) for k, v in on_disk.items()
+    }
+    result = model.load_state_dict(adapter.from_hf(dict(on_disk)), strict=False)
+    # only the MoE load-balancing bias (training state, no HF counterpart) stays unloaded
+    assert all(key.endswith("expert_bias_E") for key in result.missing_keys) and not result.unexpected_keys
+    back = adapter.to_hf(model.state_dict())
+    assert all(torch.equal(back[key], on_disk[key]) for key in on_disk)
+
+
+def test_split_and_fuse_experts_are_inverse():
+    gate_up = torch.randn(4, 6, 5)  # E, 2F, D
+    down = torch.randn(4, 5, 3)  # E, D, F
+    fused = {"m.layers.0.mlp.experts.gate_up_proj": gate_up, "m.layers.0.mlp.experts.down_proj": down}
+    split = hf_model._split_experts(fused)
+    assert split["m.layers.0.mlp.experts.3.up_proj.weight"].shape == (3, 5)
+    assert len(split) == 12
+    again = hf_model._fuse_experts(split)
+    assert all(torch.equal(again[k], fused[k]) for k in fused)
+
+
+# ---- plan-time errors name the file or key -----------------------------------------------------
+
+
+@pytest.fixture
+def broken_dirs(assets, tmp_path):
+    """name -> (model dir, text the error must contain)."""
+    dirs = {}
+    dirs["missing"] = (tmp_path / "nowhere", "no such directory")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    dirs["no_config"] = (empty, f"{empty}: no config.json")
+    bad_json = copy_model_dir(assets.tiny_qwen3_dir, tmp_path / "bad_json")
+    (bad_json / "config.json").write_text('{"model_type": "qwen3", ')
+    dirs["bad_json"] = (bad_json, f"{bad_json / 'config.json'} is not valid JSON")
+    not_object = copy_model_dir(assets.tiny_qwen3_dir, tmp_path / "not_object")
+    (not_object / "config.json").write_text("[1, 2]")
+    dirs["not_object"] = (not_object, "must hold a JSON object")
+    no_vocab = copy_model_dir(assets.tiny_qwen3_dir, tmp_path / "no_vocab")
+    written = json.loads((no_vocab / "config.json").read_text())
+    del written["vocab_size"]
+    (no_vocab / "config.json").write_text(json.dumps(written))
+    dirs["no_vocab"] = (no_vocab, f"{no_vocab / 'config.json'}: key 'vocab_size' is missing")
+    remote = copy_model_dir(assets.tiny_qwen3_dir, tmp_path / "remote")
+    (remote / "config.json").write_text(json.dumps({**written, "vocab_size": 2048, "auto_map": {"AutoConfig": "x.Y"}}))
+    dirs["remote_code"] = (remote, "model.trust_remote_code=true")
+    dirs["hub_id_not_cached"] = ("nobody-here/no-such-model", "not in the Hugging Face cache")
+    return dirs
+
+
+@pytest.mark.parametrize(
+    "case", ["missing", "no_config", "bad_json", "not_object", "no_vocab", "remote_code", "hub_id_not_cached"]
+)
+def test_malformed_hf_model_dir_is_refused_naming_file_and_key(broken_dirs, case):
+    model_dir, expected = broken_dirs[case]
+    with pytest.raises(ConfigError) as error:
+        hf_model.hf_model_spec(hf_settings(model_dir))
+    assert expected in str(error.value)
+    assert "model.hf_model" in str(error.value) or "trust_remote_code" in str(error.value)
+
+
+def from_hf(config, load_path=None):
+    config.checkpoint.enable = True
+    config.checkpoint.initial_load_in_hf = True
+    config.checkpoint.initial_load_path = str(load_path) if load_path else None
+    return config
+
+
+def test_from_hf_needs_safetensors_in_the_load_dir(assets, tmp_path):
+    model_dir = copy_model_dir(assets.tiny_qwen3_dir, tmp_path / "no_weights")
+    (model_dir / "model.safetensors").unlink()
+    with pytest.raises(ConfigError, match=r"model.hf_model=.*no_weights: no \*.safetensors weights"):
+        hf_model.check_initial_hf_load(from_hf(hf_trainer_config(model_dir)), "hf")
+    hf_model.check_initial_hf_load(from_hf(hf_trainer_config(assets.tiny_qwen3_dir)), "hf")  # fine
+
+
+def test_from_hf_index_naming_missing_files_is_refused(assets, tmp_path):
+    model_dir = copy_model_dir(assets.tiny_qwen3_dir, tmp_path / "bad_index")
+    (model_dir / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}})
+    )
+    with pytest.raises(ConfigError, match="model.safetensors.index.json: names files that are not there"):
+        hf_model.check_initial_hf_load(from_hf(hf_trainer_config(model_dir)), "hf")
+
+
+def test_native_from_hf_needs_a_load_path(assets):
+    with pytest.raises(ConfigError, match="checkpoint.initial_load_path"):
+        hf_model.check_initial_hf_load(from_hf(native_trainer_config(assets.tokenizer_dir)), "native")
+
+
+def test_native_from_hf_refuses_a_dir_of_another_architecture(assets):
+    config = from_hf(native_trainer_config(assets.tokenizer_dir), assets.tiny_qwen3_moe_dir)
+    with pytest.raises(ConfigError) as error:
+        hf_model.check_initial_hf_load(config, "native")
+    message = str(error.value)
+    assert "checkpoint.initial_load_path=" in message
+    assert "num_hidden_layers: 2 in config.json, 4 in model.flavor=tiny" in message
+    assert "tie_word_embeddings: False in config.json, True" in message
+    hf_model.check_initial_hf_load(from_hf(native_trainer_config(assets.tokenizer_dir), assets.tiny_qwen3_dir), "native")
+
+
+def test_tokenizer_larger_than_the_vocab_is_refused(assets):
+    with pytest.raises(ConfigError, match=r"tokenizer.json has token id 2047, but the model's vocab_size is 1024"):
+        hf_model.check_tokenizer_fits(str(assets.tokenizer_dir), 1024)
+    hf_model.check_tokenizer_fits(str(assets.tokenizer_dir), TINY_VOCAB)
+
+
+# ---- export ------------------------------------------------------------------------------------
+
+
+def make_run(tmp_path, config, hf_state_dict, step=5, fqn_to_index=None):
+    run_dir = tmp_path / "run"
+    config.dump_folder = str(run_dir)
+    config.checkpoint.enable = True
+    config.checkpoint.last_save_in_hf = True
+    torchtitan_hf_save(hf_state_dict, run_dir / "checkpoint" / f"step-{step}", fqn_to_index)
+    return run_dir
+
+
+def test_export_of_a_model_hf_save_opens_with_from_pretrained(assets, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = hf_trainer_config(assets.tiny_qwen3_dir)
+    config.checkpoint.export_dtype = "float32"
+    model = build_hf_model(config)
+    trained = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()}  # "trained"
+    adapter = config.model_spec.state_dict_adapter(config.model_spec.model, config.hf_assets_path)
+    run_dir = make_run(tmp_path, config, adapter.to_hf(trained))
+
+    export_dir = export.export_after_training(config, run_dir)
+
+    assert export_dir == run_dir / "hf_export"
+    assert sorted(p.name for p in export_dir.iterdir()) == [
+        "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
+        "tokenizer.json", "tokenizer_config.json",
+    ]  # fmt: skip
+    assert not (run_dir / "checkpoint").exists()  # the consumed HF save: no false resume point
+    loaded = AutoModelForCausalLM.from_pretrained(export_dir)
+    assert loaded.config.max_position_embeddings == 2048  # the published value, not seq_len
+    state = loaded.state_dict()
+    for key, value in adapter.to_hf(trained).items():
+        assert torch.equal(state[key], value), key
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    assert tokenizer.decode(tokenizer("def f(x):\n    return x")["input_ids"]) == "def f(x):\n    return x"
+    assert verify.main([str(export_dir)]) == 0
+
+
+def test_export_of_a_moe_save_keeps_transformers_layout(assets, tmp_path):
+    config = hf_trainer_config(assets.tiny_qwen3_moe_dir)
+    config.checkpoint.export_dtype = "float32"
+    model = build_hf_model(config)
+    adapter = config.model_spec.state_dict_adapter(config.model_spec.model, config.hf_assets_path)
+    model.load_state_dict(adapter.from_hf(weights(assets.tiny_qwen3_moe_dir)), strict=False)
+    run_dir = make_run(tmp_path, config, adapter.to_hf(model.state_dict()))
+    export_dir = export.export_after_training(config, run_dir)
+    exported, source = weights(export_dir), weights(assets.tiny_qwen3_moe_dir)
+    assert exported.keys() == source.keys() and all(torch.equal(exported[k], source[k]) for k in source)
+    assert verify.check_model_dir(export_dir).ok
+
+
+def test_export_of_several_files_writes_an_index(assets, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    config = hf_trainer_config(assets.tiny_qwen3_dir)
+    config.checkpoint.export_dtype = "float32"
+    state = weights(assets.tiny_qwen3_dir)
+    layout = {key: 1 if ".layers.0." in key or "embed" in key else 2 for key in state}
+    run_dir = make_run(tmp_path, config, state, fqn_to_index=layout)
+    export_dir = export.export_after_training(config, run_dir)
+    index = json.loads((export_dir / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(state)
+    assert index["metadata"]["total_size"] == sum(v.numel() * v.element_size() for v in state.values())
+    assert sorted(set(index["weight_map"].values())) == [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+    ]  # fmt: skip
+    loaded = AutoModelForCausalLM.from_pretrained(export_dir).state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+
+
+def test_export_honours_export_dtype(assets, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    config = hf_trainer_config(assets.tiny_qwen3_dir)
+    config.checkpoint.export_dtype = "bfloat16"
+    state = {k: v.to(torch.bfloat16) for k, v in weights(assets.tiny_qwen3_dir).items()}  # torchtitan casts
+    export_dir = export.export_after_training(config, make_run(tmp_path, config, state))
+    assert json.loads((export_dir / "config.json").read_text())["dtype"] == "bfloat16"
+    assert AutoModelForCausalLM.from_pretrained(export_dir).dtype == torch.bfloat16
+
+
+def test_export_refuses_tensors_not_in_export_dtype(assets, tmp_path):
+    config = hf_trainer_config(assets.tiny_qwen3_dir)
+    config.checkpoint.export_dtype = "bfloat16"
+    run_dir = make_run(tmp_path, config, weights(assets.tiny_qwen3_dir))  # float32
+    with pytest.raises(export.ExportError, match="is F32, not export_dtype bfloat16"):
+        export.export_after_training(config, run_dir)
+
+
+def test_failed_export_leaves_nothing_that_looks_complete(assets, tmp_path):
+    model_dir = copy_model_dir(assets.tiny_qwen3_dir, tmp_path / "model")
+    config = hf_trainer_config(model_dir)
+    config.checkpoint.export_dtype = "float32"
+    state = weights(model_dir)
+    del state["model.layers.1.mlp.up_proj.weight"]  # a save that lost a tensor
+    run_dir = make_run(tmp_path, config, state)
+    old_export = run_dir / "hf_export"
+    old_export.mkdir()
+    (old_export / "marker").write_text("previous export")
+    with pytest.raises(export.ExportError, match="missing keys \\(1\\): model.layers.1.mlp.up_proj.weight"):
+        export.export_after_training(config, run_dir)
+    assert (old_export / "marker").read_text() == "previous export"  # untouched
+    assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == []  # no half-made dir
+    assert (run_dir / "checkpoint" / "step-5").is_dir()  # the save is kept for another try
+
+
+def test_export_without_an_hf_save_says_why(assets, tmp_path):
+    config = hf_trainer_config(assets.tiny_qwen3_dir)
+    config.dump_folder = str(tmp_path)
+    config.checkpoint.enable = config.checkpoint.last_save_in_hf = True
+    with pytest.raises(export.ExportError, match="no HF save in .*last_save_in_hf"):
+        export.export_after_training(config, tmp_path)
+    config.checkpoint.last_save_in_hf = False
+    assert export.export_after_training(config, tmp_path) is None  # nothing asked for
+
+
+def test_native_export_computes_the_same_logits_in_transformers(assets, tmp_path):
+    """The native tiny model exported is the same function as the HF model loaded from the export."""
+    from transformers import AutoModelForCausalLM
+
+    config = native_trainer_config(assets.tokenizer_dir)
+    config.checkpoint.export_dtype = "float32"
+    spec = config.model_spec
+    model = build_native_model(spec)
+    adapter = spec.state_dict_adapter(spec.model, None)
+    export_dir = export.export_after_training(config, make_run(tmp_path, config, adapter.to_hf(model.state_dict())))
+
+    written = json.loads((export_dir / "config.json").read_text())
+    assert written["architectures"] == ["Qwen3ForCausalLM"] and written["tie_word_embeddings"] is True
+    assert (written["eos_token_id"], written["pad_token_id"], written["bos_token_id"]) == (0, 0, None)
+    hf = AutoModelForCausalLM.from_pretrained(export_dir)
+    tokens_BL = torch.randint(0, TINY_VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
+    positions_BL = torch.arange(32).expand(2, 32)
+    with torch.no_grad():
+        native_logits = model(tokens_BL, positions=positions_BL, attention_masks=model.get_attention_masks(positions_BL))
+        hf_logits = hf(tokens_BL).logits
+    assert torch.allclose(native_logits, hf_logits, atol=1e-4)
+
+
+# ---- verify -------------------------------------------------------------------------------------
+
+
+def test_verify_passes_the_tiny_dirs(assets, capsys):
+    assert verify.main([str(assets.tiny_qwen3_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "missing keys (0)" in out and "lm_head.weight is tied" in out and out.rstrip().endswith("OK")
+    assert verify.main([str(assets.tiny_qwen3_moe_dir)]) == 0  # per-expert files, fused in memory
+
+
+def test_verify_names_missing_and_unexpected_keys(assets, tmp_path, capsys):
+    model_dir = copy_model_dir(assets.tiny_qwen3_dir, tmp_path / "broken")
+    state = weights(model_dir)
+    del state["model.layers.2.self_attn.k_norm.weight"]
+    state["model.layers.9.mlp.gate_proj.weight"] = torch.zeros(2, 2)
+    save_file(state, model_dir / "model.safetensors", metadata={"format": "pt"})
+    assert verify.main([str(model_dir)]) == 1
+    out = capsys.readouterr().out
+    assert "missing keys (1): model.layers.2.self_attn.k_norm.weight" in out
+    assert "unexpected keys (1): model.layers.9.mlp.gate_proj.weight" in out
+    assert out.rstrip().endswith("FAILED")
+
+
+def test_verify_names_shape_mismatches(assets, tmp_path, capsys):
+    model_dir = copy_model_dir(assets.tiny_qwen3_dir, tmp_path / "reshaped")
+    state = weights(model_dir)
+    state["model.norm.weight"] = torch.ones(128)
+    save_file(state, model_dir / "model.safetensors", metadata={"format": "pt"})
+    assert verify.main([str(model_dir)]) == 1
+    assert "model.norm.weight: file (128,) vs model (256,)" in capsys.readouterr().out
+
+
+def test_verify_cli_exit_codes(assets, tmp_path):
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "qwen3_neuron.verify", *args], cwd=REPO, capture_output=True, text=True
+        ).returncode
+
+    not_a_model = tmp_path / "empty"
+    not_a_model.mkdir()
+    assert run(str(not_a_model)) == 2
+    untied = copy_model_dir(assets.tiny_qwen3_moe_dir, tmp_path / "moe_without_head")
+    state = weights(untied)
+    del state["lm_head.weight"]  # untied: the head is a real weight
+    save_file(state, untied / "model.safetensors", metadata={"format": "pt"})
+    assert run(str(untied)) == 1
+
+
+# ---- first-step loss check ---------------------------------------------------------------------
+
+
+def test_loss_check_reference_and_verdicts():
+    ln_v = math.log(TINY_VOCAB)
+    fresh = loss_check.judge_first_loss(7.66, TINY_VOCAB, weights_loaded=False)
+    assert fresh.ok and fresh.random_init_loss_reference == pytest.approx(7.6246, abs=1e-4)
+    loaded = loss_check.judge_first_loss(6.16, TINY_VOCAB, weights_loaded=True)  # measured round trip
+    assert loaded.ok and "loaded" in loaded.message
+    not_loaded = loss_check.judge_first_loss(7.68, TINY_VOCAB, weights_loaded=True)  # untrained weights
+    assert not not_loaded.ok and not_loaded.threshold == pytest.approx(ln_v - 1.0)
+    assert "INITIAL WEIGHTS PROBABLY NOT LOADED" in not_loaded.message
+    assert not loss_check.judge_first_loss(float("nan"), TINY_VOCAB, weights_loaded=True).ok
+    assert not_loaded.summary_fields("fail") == {
+        "first_loss": 7.68, "random_init_loss_reference": 7.6246,
+        "first_loss_check": "weights_probably_not_loaded",
+    }  # fmt: skip
+    assert not_loaded.summary_fields("off")["first_loss_check"] == "off"
+    assert fresh.summary_fields("warn")["first_loss_check"] == "no_initial_weights"
+
+
+def test_loss_check_modes():
+    verdict = loss_check.judge_first_loss(7.9, TINY_VOCAB, weights_loaded=True)
+    printed = []
+    loss_check.enforce(verdict, "warn", warn=printed.append)
+    assert len(printed) == 1 and "PROBABLY NOT LOADED" in printed[0]
+    loss_check.enforce(verdict, "off", warn=printed.append)
+    assert len(printed) == 1
+    with pytest.raises(loss_check.FirstLossError, match="checkpoint.initial_load_path"):
+        loss_check.enforce(verdict, "fail")
+    loss_check.enforce(loss_check.judge_first_loss(5.0, TINY_VOCAB, True), "fail")  # fine
+
+
+def test_weights_were_loaded_follows_the_checkpoint_section(assets):
+    config = native_trainer_config(assets.tokenizer_dir)
+    config.checkpoint.enable = False
+    assert not loss_check.weights_were_loaded(config)
+    assert loss_check.weights_were_loaded(from_hf(config, assets.tiny_qwen3_dir))
+
+
+# ---- checkpointing groups ----------------------------------------------------------------------
+
+
+def checkpoint_section(*overrides):
+    return compose_config(*overrides)["checkpoint"]
+
+
+def test_checkpointing_options_combine_in_any_order(assets):
+    both = checkpoint_section("checkpointing=[from_hf,export_hf]")
+    assert both == checkpoint_section("checkpointing=[export_hf,from_hf]")
+    assert both == {
+        "enable": True, "initial_load_in_hf": True, "initial_load_model_only": True,
+        "last_save_in_hf": True, "last_save_model_only": True, "export_dtype": "float32",
+    }  # fmt: skip
+    periodic = checkpoint_section("checkpointing=[periodic,export_hf]")
+    assert periodic == checkpoint_section("checkpointing=[export_hf,periodic]")
+    assert (periodic["interval"], periodic["keep_latest_k"], periodic["last_save_in_hf"]) == (10, 2, True)
+    assert checkpoint_section("checkpointing=none") == {"enable": False}
+
+
+def test_check_run_warns_and_says_when_to_fail(assets):
+    config = from_hf(native_trainer_config(assets.tokenizer_dir), assets.tiny_qwen3_dir)
+    printed = []
+    verdict = loss_check.check_run(7.7, config, "fail", warn=printed.append)
+    assert verdict.fails("fail") and not verdict.fails("warn")
+    assert "marked failed (hf.first_loss_check=fail)" in printed[0]
+    assert loss_check.check_run(None, config, "warn", warn=printed.append).fails("fail") is False  # no step ran
+    assert len(printed) == 1
+    assert loss_check.check_run(5.9, config, "fail", warn=printed.append).ok
