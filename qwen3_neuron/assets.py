@@ -28,13 +28,13 @@ import logging
 import os
 import shutil
 import sysconfig
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
 
+from qwen3_neuron.atomic_dir import building
 from qwen3_neuron.tiny import TINY_DENSE, TINY_MOE, TINY_VOCAB_SIZE
 
 logger = logging.getLogger(__name__)
@@ -158,35 +158,9 @@ def build_assets(root: Path | None = None, force: bool = False) -> AssetPaths:
 def _build_atomically(final_dir: Path, write: Callable[[Path], None]) -> None:
     """Run `write` into a temp dir beside `final_dir`, then rename it into place."""
     started = time.perf_counter()
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=final_dir.parent))
-    try:
+    with building(final_dir) as tmp_dir:
         write(tmp_dir)
-        _make_world_readable(tmp_dir)
-        _move_into_place(tmp_dir, final_dir)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)  # only left over when `write` failed
     logger.info("built %s in %.1f s", final_dir, time.perf_counter() - started)
-
-
-def _make_world_readable(directory: Path) -> None:
-    # mkdtemp (and safetensors) create owner-only modes; a shared cache must be readable by all.
-    directory.chmod(0o755)
-    for file in directory.iterdir():
-        file.chmod(0o644)
-
-
-def _move_into_place(tmp_dir: Path, final_dir: Path) -> None:
-    # A forced rebuild moves the old dir aside first, so a finished dir is always complete.
-    stale_dir = tmp_dir.with_name(tmp_dir.name + ".old")
-    if final_dir.is_dir():
-        final_dir.rename(stale_dir)
-    try:
-        tmp_dir.rename(final_dir)
-    except OSError:
-        # Another process renamed the same (deterministic) artifact into place first: keep it.
-        if not final_dir.is_dir():
-            raise
-    shutil.rmtree(stale_dir, ignore_errors=True)
 
 
 # ---- text from the standard library ---------------------------------------------------------

@@ -30,10 +30,10 @@ import math
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from qwen3_neuron.atomic_dir import building
 from qwen3_neuron.hf_model import HF_BACKEND_NAME, UnsupportedModel, native_architecture
 from qwen3_neuron.verify import CONFIG_FILE, INDEX_FILE, check_model_dir
 
@@ -70,9 +70,7 @@ def export_hf_model(trainer_config, export_dir: Path) -> Path:
     step, step_dir = last_hf_save(checkpoint_dir)
     export_dtype = trainer_config.checkpoint.export_dtype
     export_dir = Path(export_dir)
-    export_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{export_dir.name}.", dir=export_dir.parent))
-    try:
+    with building(export_dir) as tmp_dir:
         _write_weights(step_dir, tmp_dir)
         config = _hf_config(trainer_config)
         config["dtype"] = export_dtype
@@ -81,10 +79,6 @@ def export_hf_model(trainer_config, export_dir: Path) -> Path:
         _write_generation_config(trainer_config, config, tmp_dir)
         _copy_tokenizer(Path(trainer_config.hf_assets_path), tmp_dir)
         _check(tmp_dir, export_dtype)
-        _make_world_readable(tmp_dir)
-        _move_into_place(tmp_dir, export_dir)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)  # only left when something above failed
     shutil.rmtree(step_dir)
     if not any(checkpoint_dir.iterdir()):
         checkpoint_dir.rmdir()  # only the consumed HF save was there
@@ -218,18 +212,3 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
-def _make_world_readable(directory: Path) -> None:
-    directory.chmod(0o755)
-    for path in directory.iterdir():
-        path.chmod(0o644)
-
-
-def _move_into_place(tmp_dir: Path, final_dir: Path) -> None:
-    """Rename `tmp_dir` to `final_dir`; an older export is moved aside first, then removed."""
-    stale_dir = tmp_dir.with_name(tmp_dir.name + ".old")
-    if final_dir.exists():
-        final_dir.rename(stale_dir)
-    tmp_dir.rename(final_dir)
-    shutil.rmtree(stale_dir, ignore_errors=True)
