@@ -66,6 +66,7 @@ def launch_command(settings: dict, run_dir: Path) -> list[str]:
         "model.config_fn=qwen3_debugmodel", "model.flavor=debugmodel",
         # the same torchtitan config as the bare run: its AC, no TensorBoard
         f"+activation_checkpoint._target_={SELECTIVE_AC}", "metrics.enable_tensorboard=false",
+        "run.verbose=true",  # torchtitan's step lines on stdout, as the bare run prints them
         *overrides,
     ]  # fmt: skip
 

@@ -2,7 +2,9 @@
 
 torchrun gets its own process group so that Ctrl-C / SIGTERM reach it through the launcher once:
 the launcher forwards the signal, torchrun stops its workers, and if it does not within a grace
-period the whole group is killed. Worker output goes to the terminal and to `train.log`.
+period the whole group is killed. Worker output always goes to `train.log`; on screen either
+all of it (verbose) or one live progress line fed by rank 0's metrics.jsonl (qwen3_neuron.progress),
+with the end of train.log printed if the job fails.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ import signal
 import subprocess
 import sys
 import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwen3_neuron.progress import Progress
+
 LOG_FILE = "train.log"
 GRACE_SECONDS = 30
+FAILURE_TAIL_LINES = 30
 
 
 @dataclass
@@ -25,7 +31,11 @@ class LaunchResult:
     interrupted_by: str | None  # signal name when the user stopped the run
 
 
-def run_torchrun(command: list[str], env: dict[str, str], run_dir: Path) -> LaunchResult:
+def run_torchrun(
+    command: list[str], env: dict[str, str], run_dir: Path, progress: Progress | None = None
+) -> LaunchResult:
+    """`progress=None`: torchrun's output on screen as it comes (verbose); else that progress
+    line, and train.log's last lines on screen if the job fails."""
     process = subprocess.Popen(
         command,
         env={**os.environ, **env},
@@ -43,22 +53,33 @@ def run_torchrun(command: list[str], env: dict[str, str], run_dir: Path) -> Laun
         kill_later.start()
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    tail: deque[bytes] = deque(maxlen=FAILURE_TAIL_LINES)
     try:
-        _tee(process, run_dir / LOG_FILE)
+        if progress is not None:
+            progress.start()
+        _tee(process, run_dir / LOG_FILE, echo=progress is None, tail=tail)
         returncode = process.wait()
     finally:
+        if progress is not None:
+            progress.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if progress is not None and returncode != 0 and not received:
+        sys.stderr.write(f"[qwen3-neuron] the job failed; the end of {run_dir / LOG_FILE}:\n")
+        sys.stderr.write(b"".join(tail).decode(errors="replace"))
+        sys.stderr.flush()
     interrupted_by = signal.Signals(received[0]).name if received else None
     return LaunchResult(returncode, interrupted_by)
 
 
-def _tee(process: subprocess.Popen, log_path: Path) -> None:
+def _tee(process: subprocess.Popen, log_path: Path, echo: bool, tail: deque) -> None:
     with open(log_path, "ab") as log:
         for line in process.stdout:
-            sys.stdout.buffer.write(line)
-            sys.stdout.flush()
+            if echo:
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
             log.write(line)
+            tail.append(line)
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:

@@ -3,11 +3,17 @@
 The records come from the metrics dict torchtitan hands to its own loggers (TensorBoard/W&B), so
 they are the numbers torchtitan printed, not text parsed back out of a log. Only the rank that
 torchtitan picks for metrics writes the file.
+
+MFU: torchtitan divides by a peak from its own GPU table (A100's for any device it does not
+know, a CPU included). Here the peak is the one the launcher measured for this device, dtype and
+thread count (`peak_flops.json` in the run dir, see qwen3_neuron.peak_flops), so the MFU that
+torchtitan prints, logs to TensorBoard and that metrics.jsonl records is against that peak.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -16,6 +22,9 @@ from typing import Any
 import torch
 from torchtitan.components.metrics import BaseLogger, MetricsProcessor, _get_metrics_rank
 from torchtitan.config.override import derive, override
+from torchtitan.tools.logging import logger
+
+from qwen3_neuron.peak_flops import read_run_dir_peak
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -33,17 +42,24 @@ _FIELDS = {
 class JsonlLogger(BaseLogger):
     """One JSON record per logged step, flushed at once so a killed run keeps its history."""
 
-    def __init__(self, path: str, world_size: int, non_data_parallel_size: int):
+    def __init__(self, path: str, world_size: int):
         self._file = open(path, "a", encoding="utf-8")
-        # torchtitan's tps is per device: the job's tokens/s is tps x data-parallel ranks.
-        self._data_parallel_ranks = world_size // non_data_parallel_size
+        # torchtitan's tps is per device (the tokens of one data-parallel replica / its
+        # non-data-parallel devices), so the job's tokens/s is tps x every rank.
+        self._world_size = world_size
         self._start = time.time()
+        self.flops_per_token: int | None = None  # set by the processor once the model is built
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         record: dict[str, Any] = {"step": step}
         record.update({name: float(metrics[key]) for key, name in _FIELDS.items() if key in metrics})
         if "tps_per_device" in record:
-            record["tokens_per_second"] = record["tps_per_device"] * self._data_parallel_ranks
+            record["tokens_per_second"] = record["tps_per_device"] * self._world_size
+        if self.flops_per_token:
+            record["flops_per_token"] = self.flops_per_token
+        mfu_percent = metrics.get("mfu(%)")
+        if mfu_percent is not None and math.isfinite(mfu_percent):
+            record["mfu"] = float(mfu_percent) / 100  # a fraction of the measured peak
         record["elapsed_seconds"] = time.time() - self._start
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
@@ -72,16 +88,27 @@ class RunDirMetricsProcessor(MetricsProcessor):
 
     def __init__(self, config: Config, *, parallel_dims, dump_folder: str = "./outputs", **kwargs):
         super().__init__(config, parallel_dims=parallel_dims, dump_folder=dump_folder, **kwargs)
+        self._jsonl: JsonlLogger | None = None
         metrics_rank = _get_metrics_rank(
             parallel_dims=parallel_dims, pp_schedule=kwargs.get("pp_schedule", "1F1B")
         )
         if torch.distributed.get_rank() == metrics_rank:
-            jsonl = JsonlLogger(
-                os.path.join(dump_folder, METRICS_FILE),
-                world_size=parallel_dims.world_size,
-                non_data_parallel_size=parallel_dims.non_data_parallel_size,
+            self._jsonl = JsonlLogger(os.path.join(dump_folder, METRICS_FILE), world_size=parallel_dims.world_size)
+            self.logger = _Both(self.logger, self._jsonl)
+        # replace the peak torchtitan took from its GPU table (see the module docstring)
+        peak = read_run_dir_peak(dump_folder)
+        self.gpu_peak_flops = peak["flops_per_second"] if peak else math.nan
+        if peak:
+            logger.info(
+                f"[qwen3-neuron] MFU against {peak['flops_per_second']:.4g} FLOP/s per rank "
+                f"({peak['source']}: {peak['device_name']}, {peak['dtype']}); torchtitan's "
+                "'Peak FLOPS used for computing MFU' line below is its GPU table's and is not used"
             )
-            self.logger = _Both(self.logger, jsonl)
+
+    def log(self, step: int, *args, **kwargs) -> None:
+        if self._jsonl is not None:
+            self._jsonl.flops_per_token = self.num_flops_per_token  # known once the model is built
+        super().log(step, *args, **kwargs)
 
 
 @override(target=MetricsProcessor.Config, description="metrics.jsonl in the run dir")

@@ -81,6 +81,17 @@ class RunSettings:
     resume: str | None = None
     """A run dir to continue from its newest complete checkpoint, with the config it recorded."""
 
+    verbose: bool = False
+    """Show torchtitan's full log on screen; otherwise one progress line per job (train.log has it all)."""
+
+    stop_on_failure: bool = False
+    """Multirun: stop the sweep at the first failed job instead of recording it and going on."""
+
+    objective: Literal[
+        "final_loss", "first_loss", "tokens_per_second", "mfu", "peak_memory_gib", "wall_seconds"
+    ] = "final_loss"
+    """summary.json field a sweep job returns (Optuna's value; its direction is hydra.sweeper.direction)."""
+
 
 @dataclass(kw_only=True)
 class HFSettings:

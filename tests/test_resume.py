@@ -49,7 +49,7 @@ def test_resume_after_kill_9_continues_with_identical_losses(tmp_path, assets, n
     resumed, reference = losses(run_dir), losses(uninterrupted)
     assert sorted(resumed) == list(range(1, STEPS + 1))
     assert [resumed[s] for s in range(5, STEPS + 1)] == [reference[s] for s in range(5, STEPS + 1)]
-    loaded = re.search(r"Loading the checkpoint from \S*step-(\d+)", result.stdout)
+    loaded = re.search(r"Loading the checkpoint from \S*step-(\d+)", (run_dir / "train.log").read_text())
     assert loaded and int(loaded.group(1)) in (4, 8)  # never the unfinished step-9
 
 

@@ -1,0 +1,346 @@
+"""Sweeps and reporting: a multirun that keeps going past a failed job, the sweep summary (CSV,
+Markdown, loss plot), Optuna, live progress, and MFU against the measured peak."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, compose_config, read_jsonl
+from hydra import compose, initialize_config_dir
+
+from qwen3_neuron import compose as project_compose
+from qwen3_neuron.peak_flops import PeakFlops, cache_path, peak_flops, training_dtype
+from qwen3_neuron.plan import make_plan
+from qwen3_neuron.progress import Progress
+from qwen3_neuron.report import JobFailed, crash_error, summarize, sweep_job_value
+from qwen3_neuron.sweep_report import COLUMNS, write_report
+
+# tiny and quick: every job of these sweeps starts one rank for three short steps
+SMALL = (
+    "training.steps=3", "training.seq_len=64", "training.local_batch_size=2",
+    "run.nproc_per_node=1", "metrics.enable_tensorboard=false",
+)  # fmt: skip
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def multirun(sweep_dir: Path, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`python launch.py -m ...` with its sweep dir pinned to `sweep_dir`."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), "-m", f"hydra.sweep.dir={sweep_dir}", *overrides],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def csv_rows(path: Path) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(path.read_text())))
+
+
+# ---- a 4-job multirun with one bad combination ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, assets):
+    # model.top_k is a MoE key: model=native with model.top_k=1 fails at plan, the other three train
+    sweep_dir = tmp_path_factory.mktemp("sweep") / "multirun"
+    result = multirun(sweep_dir, "model=native,moe", "model.top_k=null,1", *SMALL)
+    return sweep_dir, result
+
+
+@pytest.mark.integration
+def test_the_sweep_goes_on_past_a_failed_job_and_exits_1(sweep):
+    sweep_dir, result = sweep
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    summaries = {d.name: summary_of(d) for d in sorted(sweep_dir.iterdir()) if d.is_dir()}
+    assert sorted(summaries) == ["0", "1", "2", "3"]  # one dir per job, none shared
+    statuses = {name: s["status"] for name, s in summaries.items()}
+    assert statuses == {"0": "completed", "1": "failed", "2": "completed", "3": "completed"}
+    failed = summaries["1"]
+    assert failed["exit_code"] == 2 and failed["steps"] == 0 and failed["final_loss"] is None
+    assert failed["error"].startswith("config error: model.top_k applies to model=moe only")
+    for name in ("0", "2", "3"):
+        assert summaries[name]["steps"] == 3 and summaries[name]["error"] is None
+        assert summaries[name]["final_loss"] < summaries[name]["first_loss"]
+
+
+@pytest.mark.integration
+def test_summary_csv_holds_each_jobs_summary_and_the_overrides_that_differ(sweep):
+    sweep_dir, _ = sweep
+    rows = csv_rows(sweep_dir / "summary.csv")
+    assert list(rows[0]) == ["job", "model", "model.top_k", *COLUMNS, "run_dir"]  # training.steps=3 etc. are the same for all
+    assert [(r["job"], r["model"], r["model.top_k"]) for r in rows] == [
+        ("0", "native", "null"), ("1", "native", "1"), ("2", "moe", "null"), ("3", "moe", "1"),
+    ]  # fmt: skip
+    for row in rows:
+        summary = summary_of(sweep_dir / row["run_dir"])
+        for column in COLUMNS:
+            expected, cell = summary[column], row[column]
+            if expected is None:
+                assert cell == "", (row["job"], column)
+            elif isinstance(expected, (int, float)):
+                assert float(cell) == expected, (row["job"], column)  # exact: floats in full
+            else:
+                assert cell == expected, (row["job"], column)
+    markdown = (sweep_dir / "summary.md").read_text()
+    assert "4 jobs, 3 completed, 1 failed." in markdown
+    assert "| 1 | native | 1 | failed |" in markdown and "model.top_k applies to model=moe only" in markdown
+
+
+@pytest.mark.integration
+def test_loss_png_is_a_png_with_every_trained_jobs_curve(sweep):
+    from PIL import Image
+
+    sweep_dir, _ = sweep
+    path = sweep_dir / "loss.png"
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    with Image.open(path) as image:
+        image.verify()
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size == (900, 550)
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert len(colours) > 50  # axes, text and curves, not a blank canvas
+
+
+@pytest.mark.integration
+def test_progress_lines_on_screen_and_torchtitans_log_only_in_train_log(sweep):
+    sweep_dir, result = sweep
+    for job in ("#0", "#2", "#3"):
+        assert f"[qwen3-neuron] {job}  step 3/3  loss " in result.stdout
+    assert "[titan]" not in result.stdout  # run.verbose=false: the full log is in the run dir
+    assert "step:  1" in (sweep_dir / "0" / "train.log").read_text()
+    assert "[qwen3-neuron] sweep summary:" in result.stdout
+
+
+@pytest.mark.integration
+def test_mfu_is_against_the_measured_peak_and_consistent_with_tokens_per_second(sweep):
+    sweep_dir, _ = sweep
+    for name in ("0", "2", "3"):
+        run_dir = sweep_dir / name
+        summary = summary_of(run_dir)
+        peak = json.loads((run_dir / "peak_flops.json").read_text())
+        assert peak["source"] == "measured" and peak["device"] == "cpu" and peak["dtype"] == "bfloat16"
+        # one rank: it runs with every core, and the probe measured with the same thread count
+        assert peak["ranks"] == summary["ranks"] == 1 and peak["threads"] >= 1
+        # the machine's cached measurement for this dtype and thread count (which only ever rises)
+        cached = [e for e in json.loads(cache_path().read_text()).values()
+                  if (e["device"], e["dtype"], e["threads"]) == ("cpu", "bfloat16", peak["threads"])]  # fmt: skip
+        assert cached and 0 < peak["flops_per_second"] <= max(e["flops_per_second"] for e in cached)
+        assert peak["flops_per_second"] != 312e12  # never torchtitan's A100 fallback
+        assert summary["peak_flops_per_rank"] == peak["flops_per_second"]
+        assert summary["mfu"] > 0 and summary["flops_per_token"] > 0
+        expected = summary["flops_per_token"] * summary["tokens_per_second"] / (peak["flops_per_second"] * peak["ranks"])
+        assert summary["mfu"] == pytest.approx(expected, rel=1e-12)
+        for record in read_jsonl(run_dir / "metrics.jsonl"):  # per step, per device: the same ratio
+            per_device = record["flops_per_token"] * record["tps_per_device"] / peak["flops_per_second"]
+            assert record["mfu"] == pytest.approx(per_device, rel=1e-9)
+            assert record["tokens_per_second"] == pytest.approx(record["tps_per_device"] * peak["ranks"])
+
+
+@pytest.mark.integration
+def test_sweep_report_command_rebuilds_the_same_csv(sweep):
+    sweep_dir, _ = sweep
+    written = (sweep_dir / "summary.csv").read_text()
+    for name in ("summary.csv", "summary.md", "loss.png"):
+        (sweep_dir / name).unlink()
+    result = subprocess.run(
+        [sys.executable, "-m", "qwen3_neuron.sweep_report", str(sweep_dir)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (sweep_dir / "summary.csv").read_text() == written
+    assert (sweep_dir / "loss.png").read_bytes()[:8] == PNG_MAGIC
+    assert "| 1 | native | 1 | failed |" in result.stdout
+
+
+@pytest.mark.integration
+def test_stop_on_failure_stops_the_sweep_at_the_failed_job(tmp_path, assets):
+    sweep_dir = tmp_path / "multirun"
+    result = multirun(sweep_dir, "model.flavor=nosuch,tiny", "run.stop_on_failure=true", *SMALL)
+    assert result.returncode == 1
+    assert "JobFailed" in result.stderr or "JobFailed" in result.stdout
+    assert summary_of(sweep_dir / "0")["status"] == "failed"
+    skipped = summary_of(sweep_dir / "1")  # Hydra launched it (same batch); it did not start
+    assert skipped["status"] == "skipped" and skipped["error"].startswith("not run: job #0 failed: config error")
+    assert not (sweep_dir / "1" / "train.log").exists()
+    assert [r["status"] for r in csv_rows(sweep_dir / "summary.csv")] == ["failed", "skipped"]
+    assert "The sweep stopped early: job #0 failed" in (sweep_dir / "summary.md").read_text()
+
+
+# ---- Optuna --------------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_optuna_reports_the_best_trial_and_a_failed_trial_as_failed(tmp_path, assets):
+    sweep_dir = tmp_path / "optuna"
+    # TPE's seeded start-up draws (optuna 2.10.1): trial 0 nosuch (fails at plan), trial 1 tiny.
+    # Not the grid sampler: hydra-optuna-sweeper 1.3.0 crashes when a grid's last trial fails
+    # ("Study.stop is supposed to be invoked inside an objective function or a callback").
+    result = multirun(
+        sweep_dir, "hydra/sweeper=optuna", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=2",
+        "model.flavor=choice(tiny,nosuch)", "run.verbose=true", *SMALL,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-4000:]  # a trial failed
+    by_flavor = {yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text())[0]: summary_of(d)
+                 for d in sweep_dir.iterdir() if d.is_dir()}  # fmt: skip
+    assert set(by_flavor) == {"model.flavor=tiny", "model.flavor=nosuch"}
+    trained, failed = by_flavor["model.flavor=tiny"], by_flavor["model.flavor=nosuch"]
+    assert trained["status"] == "completed" and failed["status"] == "failed"
+    # the failed trial returned None: Optuna marked it FAIL rather than scoring it
+    assert "Failed experiment: Return value must be float-castable. Got 'None'" in output
+    results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert results["best_params"] == {"model.flavor": "tiny"}
+    assert results["best_value"] == trained["final_loss"]  # run.objective=final_loss, not 0
+    assert "Optuna best value:" in (sweep_dir / "summary.md").read_text()
+    assert "step:  3" in result.stdout  # run.verbose=true: torchtitan's log on screen
+
+
+def test_the_optuna_example_composes_into_a_search_space_the_plan_accepts(tmp_path, assets):
+    with initialize_config_dir(config_dir=str(project_compose.CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=optuna_lr"], return_hydra_config=True)
+    sweeper = cfg.hydra.sweeper
+    assert sweeper._target_.endswith("OptunaSweeper") and sweeper.direction == "minimize"
+    assert cfg.hydra.callbacks.sweep_report._target_ == "qwen3_neuron.hydra_callbacks.SweepReport"
+    assert set(sweeper.params) == {"optimizer.lr", "optimizer.weight_decay", "lr_scheduler.warmup_steps"}
+    # one point of the space: every searched key is a key the plan knows
+    plan = make_plan(
+        compose_config("+experiment=optuna_lr", "optimizer.lr=1e-3", "optimizer.weight_decay=0.05",
+                       "lr_scheduler.warmup_steps=2"),
+        tmp_path / "run",
+    )  # fmt: skip
+    assert plan.trainer_config.optimizer.param_groups[0].optimizer_kwargs["lr"] == 1e-3
+    assert plan.settings.run.objective == "final_loss"
+
+
+# ---- units: report, progress, peak ---------------------------------------------------------------
+
+
+def write_records(run_dir: Path, records: list[dict]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_a_failed_jobs_error_is_the_workers_own_else_the_first_traceback_of_its_log(tmp_path):
+    write_records(tmp_path, [{"step": 1, "loss": 7.6}])
+    (tmp_path / "train.log").write_text(
+        "[rank0]:[rank0]: Traceback (most recent call last):\n[rank0]:[rank0]:   File \"x.py\"\n"
+        "[rank0]:[rank0]: OSError: [Errno 28] No space left on device\n"
+    )  # fmt: skip
+    summary = summarize(tmp_path, "failed", 1.0, exit_code=1)
+    assert summary["error"] == "OSError: [Errno 28] No space left on device"
+    assert sweep_job_value(summary, "final_loss", stop_on_failure=False) is None
+    # rank 0's own record of the exception (train.py: a non-finite loss, any error) wins
+    (tmp_path / "failure.json").write_text(json.dumps({"error": "RuntimeError: Loss is not finite", "last_checkpoint": None}))
+    assert summarize(tmp_path, "failed", 1.0, exit_code=1)["error"] == "RuntimeError: Loss is not finite"
+
+
+def test_a_crash_is_reported_with_the_root_causes_exception(tmp_path):
+    error_file = tmp_path / "ranks" / "x" / "attempt_0" / "1" / "error.json"
+    error_file.parent.mkdir(parents=True)
+    error_file.write_text(json.dumps({"message": {"message": "RuntimeError: boom", "extraInfo": {}}}))
+    (tmp_path / "train.log").write_text(
+        "[rank0]:[rank0]: Traceback (most recent call last):\n[rank0]:[rank0]:   File \"x.py\"\n"
+        "[rank0]:[rank0]: ValueError: rank 0 saw its peer go\n"
+        "Root Cause (first observed failure):\n[1]:\n  host      : localhost\n"
+        f"  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 9)\n  error_file: {error_file}\n"
+    )  # fmt: skip
+    assert summarize(tmp_path, "failed", 1.0, exit_code=1)["error"] == "rank 1: RuntimeError: boom"
+    error_file.unlink()  # no error file: the first traceback of the log
+    assert crash_error(tmp_path, 1) == "ValueError: rank 0 saw its peer go"
+
+
+def test_what_a_sweep_job_returns():
+    completed = {"status": "completed", "final_loss": 6.5, "mfu": 0.02}
+    assert sweep_job_value(completed, "final_loss", stop_on_failure=True) == 6.5
+    assert sweep_job_value(completed, "mfu", stop_on_failure=False) == 0.02
+    failed = {"status": "failed", "error": "config error: x", "final_loss": None}
+    assert sweep_job_value(failed, "final_loss", stop_on_failure=False) is None
+    with pytest.raises(JobFailed, match="config error: x"):
+        sweep_job_value(failed, "final_loss", stop_on_failure=True)
+    with pytest.raises(JobFailed):  # Ctrl-C stops a sweep whatever stop_on_failure says
+        sweep_job_value({"status": "interrupted"}, "final_loss", stop_on_failure=False)
+
+
+def test_report_of_a_sweep_whose_job_left_no_summary(tmp_path):
+    for name, flavor in (("0", "tiny"), ("1", "debugmodel")):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "overrides.yaml").write_text(f"- model.flavor={flavor}\n- training.steps=3\n")
+    write_records(tmp_path / "0", [{"step": 1, "loss": 7.6}, {"step": 2, "loss": 7.1}])
+    (tmp_path / "0" / "summary.json").write_text(json.dumps(summarize(tmp_path / "0", "completed", 2.0)))
+    report = write_report(tmp_path)
+    assert report.varying == ["model.flavor"] and [job.name for job in report.failed] == ["1"]
+    rows = csv_rows(tmp_path / "summary.csv")
+    assert [(r["model.flavor"], r["status"], r["final_loss"]) for r in rows] == [
+        ("tiny", "completed", "7.1"), ("debugmodel", "unknown", ""),
+    ]  # fmt: skip
+    assert (tmp_path / "loss.png").read_bytes()[:8] == PNG_MAGIC
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def feed_progress(metrics: Path, stream) -> None:
+    with Progress(metrics, total_steps=4, label="#7", stream=stream):
+        for step, elapsed in ((1, 5.0), (2, 6.0), (3, 7.0)):
+            with open(metrics, "a") as f:
+                f.write(json.dumps({"step": step, "loss": 8 - step, "tokens_per_second": 1500.0,
+                                    "mfu": 0.0123, "elapsed_seconds": elapsed}) + "\n")  # fmt: skip
+            time.sleep(0.6)
+
+
+FINAL_LINE = "[qwen3-neuron] #7  step 3/4  loss 5.0000  tok/s 1,500  mfu 1.23%  ETA 0:00:01"
+
+
+def test_progress_prints_plain_lines_when_not_on_a_terminal(tmp_path):
+    out = io.StringIO()
+    feed_progress(tmp_path / "metrics.jsonl", out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[qwen3-neuron] #7  starting") and lines[-1] == FINAL_LINE
+    assert "\r" not in out.getvalue()
+    step_line = re.compile(r"\[qwen3-neuron\] #7  step [1-3]/4  loss \d\.\d{4}  tok/s 1,500  mfu 1\.23%  ETA ")
+    assert all(step_line.match(line) for line in lines[1:])
+    assert all(line.endswith("ETA --") for line in lines[1:] if "step 1/4" in line)  # no pace yet
+
+
+def test_progress_redraws_one_line_on_a_terminal(tmp_path):
+    out = FakeTerminal()
+    feed_progress(tmp_path / "metrics.jsonl", out)
+    text = out.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")  # one line, ended when the job ends
+    assert text.rstrip().split("\r")[-1].rstrip() == FINAL_LINE
+
+
+def test_peak_is_taken_from_the_machine_cache_and_neuron_uses_the_vendor_figure(tmp_path, monkeypatch):
+    monkeypatch.setenv("QWEN3_NEURON_CACHE", str(tmp_path))
+    from qwen3_neuron import peak_flops as module
+
+    key = module._cache_key("cpu", module.cpu_name(), "float32", 1)
+    entry = PeakFlops(1.5e11, "measured", "cpu", module.cpu_name(), "float32", 1, "seeded by the test")
+    (tmp_path / "peak_flops.json").write_text(json.dumps({key: entry.__dict__}))
+    monkeypatch.setattr(module, "_measure_in_subprocess", lambda *a: pytest.fail("measured despite the cache"))
+    assert peak_flops("cpu", "float32", threads=1) == entry
+    neuron = peak_flops("neuron", "bfloat16", neuron_cores_per_rank=2)
+    assert neuron.source == "vendor" and neuron.flops_per_second == pytest.approx(667e12 / 8 * 2)
+
+
+def test_training_dtype_follows_fsdp_mixed_precision(tmp_path, assets):
+    config = make_plan(compose_config(), tmp_path / "run").trainer_config
+    assert training_dtype(config) == "bfloat16"  # mixed_precision_param, FSDP's compute dtype
+    config.training.mixed_precision_param = "float32"
+    assert training_dtype(config) == "float32"
+    config.training.dtype = "bfloat16"
+    assert training_dtype(config) == "bfloat16"
