@@ -25,6 +25,7 @@ run: setup
 	$(PY) launch.py $(ARGS)
 
 test: setup
+	bash scripts/install_slurm.sh   # a local SLURM for tests/test_slurm.py (skips, saying why, if it cannot)
 	$(PY) -m pytest -q $(ARGS)
 
 test-unit: setup

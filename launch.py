@@ -22,7 +22,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from qwen3_neuron import compose
+from qwen3_neuron import compose, slurm
 from qwen3_neuron.export import ExportError, export_after_training
 from qwen3_neuron.fields import ConfigError
 from qwen3_neuron.hydra_callbacks import sweep_exit_code
@@ -57,6 +57,7 @@ def main(cfg: DictConfig) -> float | None:
         composed = OmegaConf.to_container(cfg, resolve=True)
         if composed["run"]["resume"]:
             composed = resumed_config(run_dir, composed, list(hydra_config.overrides.task))
+        composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
         plan = make_plan(composed, run_dir)
     except (ConfigError, OmegaConfBaseException) as e:
         print(f"Config error: {e}", file=sys.stderr)
@@ -79,6 +80,11 @@ def main(cfg: DictConfig) -> float | None:
     progress = None if run.verbose else Progress(run_dir / METRICS_FILE, plan.trainer_config.training.steps, label)
     start = time.time()
     result = run_torchrun(plan.command, plan.env, run_dir, progress=progress)
+    if run.node_rank > 0:  # multi-node: node 0 exports, checks and writes the job's summary
+        print(f"[qwen3-neuron] node {run.node_rank}: torchrun exited {result.returncode}; node 0 reports the job")
+        if single_run:
+            sys.exit(result.returncode)
+        return None
     status = "interrupted" if result.interrupted_by else ("completed" if result.returncode == 0 else "failed")
     exit_code, extra = result.returncode, {}
     if result.interrupted_by:
@@ -120,6 +126,8 @@ def _print_plan(plan, run_dir: Path) -> None:
     print(f"\n[qwen3-neuron] device: {plan.device}, world size {plan.world_size}")
     for line in plan.replacements:
         print(f"[qwen3-neuron] {line}")
+    for note in plan.notes:
+        print(f"[qwen3-neuron] note: {note}")
     print(f"[qwen3-neuron] command: {plan.command_line()}")
     print(f"[qwen3-neuron] dry run: nothing started; record in {run_dir}")
 

@@ -16,7 +16,19 @@ cuda, and whatever torch-neuronx registers for neuron - with ",cpu:gloo" appende
 `device_type` is right (fix 1); `dist_backend` reports the same choice for the launcher.
 
 Neuron: torch-neuronx (TorchNeuron) registers the `neuron` device (PrivateUse1, `torch.neuron`)
-and the `neuron` process-group backend; it is never imported when this module is imported.
+and the `neuron` process-group backend; it is never imported when this module is imported. What a
+trn2.48xlarge run needs beyond torchtitan's own device pick:
+- 64 ranks per node: 16 Trainium2 chips x 8 physical NeuronCores, paired by LNC=2
+  (`NEURON_LOGICAL_NC_CONFIG=2`, `worker_env`; the compiler's `--logical-nc-config` must match);
+- `compile.backend=neuron` (TorchNeuron's TorchDynamo backend; torchtitan passes
+  `compile.backend` to `torch.compile`), set by the plan unless the user chose one
+  (`compile_backend`);
+- no FlexAttention: torchtitan refuses a non-inductor compile backend for FlexAttention models, so
+  `override_imports` swaps it for SDPA on the same mask (`kernels/neuron_attention.py`) and
+  `install` does the same for the HF backend;
+- neuronx-cc flags and a persistent NEFF cache (`compiler_env`).
+A dry run may plan for a device that is not here (`resolve_device(..., dry_run=True)`); the plan
+then says so (`unavailable_reason`).
 """
 
 from __future__ import annotations
@@ -46,6 +58,13 @@ _PROCESS_GROUP_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "neuron": "neuron"}
 _HF_BACKEND_MODEL = "torchtitan.experiments.transformers_modeling_backend.model"
 # Fix 4, as an override.imports entry (a string, so the launcher need not import torchtitan).
 SDPA_FOR_FLEX_OVERRIDE = "qwen3_neuron.kernels.sdpa_attention.sdpa_for_flex"
+# Neuron compiles no FlexAttention: the same SDPA computation, in a module torchtitan lets
+# compile.backend=neuron compile (kernels/neuron_attention.py says why).
+NEURON_ATTENTION_OVERRIDE = "qwen3_neuron.kernels.neuron_attention.sdpa_for_neuron"
+_COMPILE_BACKENDS = {"neuron": "neuron"}  # cpu/cuda: torchtitan's default (inductor)
+# neuronx-cc flags for trn2 training (NEURON_CC_FLAGS, read by TorchNeuron's compile path): the
+# target, the LNC that must match NEURON_LOGICAL_NC_CONFIG, and transformer-tuned scheduling.
+TRN2_NEURON_CC_FLAGS = f"--target=trn2 --logical-nc-config={TRN2_LOGICAL_NC_CONFIG} --model-type=transformer"
 
 
 class DeviceUnavailableError(ValueError):
@@ -55,8 +74,11 @@ class DeviceUnavailableError(ValueError):
 # ---- launcher side ---------------------------------------------------------------------------
 
 
-def resolve_device(requested: str) -> str:
-    """`auto` -> neuron, else cuda, else cpu; an explicit device is checked, never swapped."""
+def resolve_device(requested: str, *, dry_run: bool = False) -> str:
+    """`auto` -> neuron, else cuda, else cpu; an explicit device is checked, never swapped.
+
+    `dry_run=True` plans for an explicit device even when it is not here (nothing will run);
+    `unavailable_reason` then says what is missing, for the plan to state it."""
     if requested == "auto":
         if _neuron_problem() is None:
             return "neuron"
@@ -65,10 +87,16 @@ def resolve_device(requested: str) -> str:
         raise DeviceUnavailableError(
             f"unknown device {requested!r}: choose one of auto, {', '.join(DEVICE_TYPES)}"
         )
-    problem = {"cpu": lambda: None, "cuda": _cuda_problem, "neuron": _neuron_problem}[requested]()
-    if problem is not None:
+    problem = unavailable_reason(requested)
+    if problem is not None and not dry_run:
         raise DeviceUnavailableError(f"device={requested} is not available: {problem}")
     return requested
+
+
+def unavailable_reason(device_type: str) -> str | None:
+    """Why `device_type` cannot run here (what to install or check), or None when it can."""
+    _check_known(device_type)
+    return {"cpu": lambda: None, "cuda": _cuda_problem, "neuron": _neuron_problem}[device_type]()
 
 
 def default_nproc(device_type: str) -> int:
@@ -108,9 +136,35 @@ def worker_env(device_type: str, nproc: int | None = None) -> dict[str, str]:
 def override_imports(device_type: str, model_kind: str) -> list[str]:
     """`override.imports` entries the device needs for a model kind (`hf`, `native`, `moe`)."""
     _check_known(device_type)
-    if device_type == "cpu" and model_kind != "hf" and not _flex_attention_trains_on_cpu():
-        return [SDPA_FOR_FLEX_OVERRIDE]  # the HF backend gets its SDPA from install() instead
+    if model_kind == "hf":
+        return []  # the HF backend gets its SDPA from install() instead
+    if device_type == "cpu" and not _flex_attention_trains_on_cpu():
+        return [SDPA_FOR_FLEX_OVERRIDE]
+    if device_type == "neuron":
+        return [NEURON_ATTENTION_OVERRIDE]
     return []
+
+
+def compile_backend(device_type: str) -> str | None:
+    """The `compile.backend` the device needs when `compile.enable=true`; None: torchtitan's
+    default (inductor). TorchNeuron lowers through its own backend, not inductor."""
+    _check_known(device_type)
+    return _COMPILE_BACKENDS.get(device_type)
+
+
+def compiler_env(device_type: str) -> dict[str, str]:
+    """Compiler/runtime variables the device's workers need, minus those the user exported
+    (theirs are kept: the launcher passes its own environment on)."""
+    _check_known(device_type)
+    if device_type != "neuron":
+        return {}
+    wanted = {
+        "NEURON_CC_FLAGS": TRN2_NEURON_CC_FLAGS,
+        # TorchNeuron's persistent NEFF cache (by default under /tmp, lost with it): compiled
+        # graphs are reused across runs and by every rank; on a cluster point it at a shared dir.
+        "TORCH_NEURONX_NEFF_CACHE_DIR": os.path.expanduser("~/.cache/qwen3_neuron/neff"),
+    }
+    return {name: value for name, value in wanted.items() if name not in os.environ}
 
 
 # ---- worker side -----------------------------------------------------------------------------
@@ -131,6 +185,7 @@ def install(device_type: str) -> None:
         neuron = _torch_neuron_module()
         if neuron is not None:
             _point_torchtitan_at("neuron", neuron)
+        _after_import(_HF_BACKEND_MODEL, _use_hf_sdpa_attention)  # no flex_attention on Neuron
     # cuda: torchtitan's own pick (tools/utils.py get_device_info) is already right.
 
 
@@ -387,13 +442,13 @@ def _route_hf_flex_attention_to_sdpa() -> None:
     would cost every native run the Transformers import)."""
     if _flex_attention_trains_on_cpu():
         return
+    _after_import(_HF_BACKEND_MODEL, _use_hf_sdpa_attention)
 
-    def use_sdpa(model_module: types.ModuleType) -> None:
-        from qwen3_neuron.kernels.sdpa_attention import hf_sdpa_attention_forward
 
-        model_module.flex_attention_forward = hf_sdpa_attention_forward
+def _use_hf_sdpa_attention(model_module: types.ModuleType) -> None:
+    from qwen3_neuron.kernels.sdpa_attention import hf_sdpa_attention_forward
 
-    _after_import(_HF_BACKEND_MODEL, use_sdpa)
+    model_module.flex_attention_forward = hf_sdpa_attention_forward
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):

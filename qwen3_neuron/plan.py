@@ -15,20 +15,21 @@ import operator
 import os
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.config.override import apply_overrides
-from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.trainer import Trainer
 
 from qwen3_neuron import devices
 from qwen3_neuron.fields import ConfigError, apply_fields, unknown_key_message
 from qwen3_neuron.flavors import moe_model_spec, native_model_spec
 from qwen3_neuron.hf_model import check_initial_hf_load, configure_hf_trainer, hf_model_spec
+from qwen3_neuron.layout import check_layout
 from qwen3_neuron.settings import SECTIONS, Settings, parse_settings
+from qwen3_neuron.torchrun import torchrun_args
 
 # Fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
 FRAMEWORK_OWNED = {"model_spec": "model.flavor", "dump_folder": "hydra.run.dir", "hf_model": "model.hf_model"}
@@ -53,6 +54,7 @@ class Plan:
     command: list[str]
     env: dict[str, str]
     replacements: list[str]  # torchtitan's "[Override] target: fqn Old -> New" lines
+    notes: list[str] = field(default_factory=list)  # what the plan settled or could not check
 
     def replacements_by_override(self) -> dict[str, list[str]]:
         """{override target: ["fqn Old -> New", ...]}, for the summary."""
@@ -74,7 +76,11 @@ class Plan:
 def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
     """Validate everything and work out what to run; raises ConfigError on bad input."""
     settings = parse_settings(composed)
-    device = _resolve_device(settings.device.type)
+    dry_run = settings.run.dry_run
+    device = _resolve_device(settings.device.type, dry_run)
+    # a dry run may plan for a device that is not here: say so, and skip what only it can check
+    missing = devices.unavailable_reason(device) if dry_run else None
+    notes = [f"device={device} is not here ({missing}) - dry run: planned for it, not checked"] if missing else []
     nproc = settings.run.nproc_per_node
     nproc = devices.default_nproc(device) if nproc is None else nproc
     if nproc < 1:
@@ -82,19 +88,27 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
     config = build_trainer_config(composed, run_dir, device)
     world_size = nproc * settings.run.nnodes
     _check_positive(config)
-    _check_parallel_layout(config, world_size)
+    check_layout(config, world_size, here=not missing)
     _check_local_paths(config)
-    replacements = _check_overrides(config)
+    try:
+        replacements = _check_overrides(config)
+    except ConfigError as e:
+        if not (missing and _needs_the_device(e)):
+            raise
+        # the kernels need the absent device to load: check everything else, say so
+        notes.append(f"kernels.factories not applied in this dry run: {e}")
+        replacements = _check_overrides(_without_kernel_factories(config, settings))
     command = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", f"--nproc_per_node={nproc}",
-        # every rank's full output under the run dir; the terminal shows rank 0's
-        f"--log-dir={run_dir / 'ranks'}", "--tee=3", "--local-ranks-filter=0", "--role=rank",
+        sys.executable, "-m", "torch.distributed.run", *torchrun_args(settings.run, nproc, run_dir),
         "-m", "qwen3_neuron.train", str(run_dir),
     ]  # fmt: skip
     # user kernels importable from where launch.py runs are importable in the workers too
-    env = {**devices.worker_env(device, nproc), "PYTHONPATH": _worker_pythonpath()}
-    return Plan(settings, device, nproc, config, command, env, replacements)
+    env = {
+        **devices.worker_env(device, nproc),
+        **devices.compiler_env(device),
+        "PYTHONPATH": _worker_pythonpath(),
+    }
+    return Plan(settings, device, nproc, config, command, env, replacements, notes)
 
 
 def build_trainer_config(composed: Mapping[str, Any], run_dir: Path, device: str) -> Trainer.Config:
@@ -114,6 +128,9 @@ def build_trainer_config(composed: Mapping[str, Any], run_dir: Path, device: str
         configure_hf_trainer(config, settings.model)  # hf_model + hf_assets_path -> the model dir
     check_initial_hf_load(config, settings.model.kind)  # from_hf: safetensors present, arch matches
     _set_loss_vocab(config)
+    backend = devices.compile_backend(device)
+    if backend and "backend" not in (composed.get("compile") or {}):
+        config.compile.backend = backend  # the device's own torch.compile backend (neuron)
     config.dump_folder = str(run_dir)
     config.override.imports = [
         *config.override.imports,
@@ -129,9 +146,9 @@ def _worker_pythonpath() -> str:
     return os.pathsep.join([os.getcwd(), inherited] if inherited else [os.getcwd()])
 
 
-def _resolve_device(requested: str) -> str:
+def _resolve_device(requested: str, dry_run: bool = False) -> str:
     try:
-        return devices.resolve_device(requested)
+        return devices.resolve_device(requested, dry_run=dry_run)
     except devices.DeviceUnavailableError as e:
         raise ConfigError(f"device.type={requested}: {e}") from e
 
@@ -238,11 +255,20 @@ def _check_positive(config: Trainer.Config) -> None:
             raise ConfigError(f"optimizer.lr (param group {index}, {group.pattern!r}) must be > 0, got {lr}.")
 
 
-def _check_parallel_layout(config: Trainer.Config, world_size: int) -> None:
-    try:
-        ParallelDims.from_config(config.parallelism, world_size)
-    except (AssertionError, ValueError) as e:
-        raise ConfigError(f"parallelism does not fit world size {world_size}: {e}") from e
+def _needs_the_device(error: ConfigError) -> bool:
+    """An override that imports but refuses to load without its device (kernels=nki without
+    torch-neuronx raises an ImportError that is not a missing module)."""
+    cause = error.__cause__
+    return isinstance(cause, ImportError) and not isinstance(cause, ModuleNotFoundError)
+
+
+def _without_kernel_factories(config: Trainer.Config, settings: Settings) -> Trainer.Config:
+    trial = copy.deepcopy(config)
+    trial.override.imports = [
+        entry for entry in trial.override.imports
+        if (entry if isinstance(entry, str) else entry[0]) not in settings.kernels.factories
+    ]  # fmt: skip
+    return trial
 
 
 def _check_local_paths(config: Trainer.Config) -> None:

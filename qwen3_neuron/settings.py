@@ -73,7 +73,21 @@ class RunSettings:
     """Ranks per node; null takes the device's default (CPU 2, CUDA/Neuron the device count)."""
 
     nnodes: int = 1
-    """Nodes in the job."""
+    """Nodes in the job (each runs this launch once; SLURM: hydra/launcher=trn2_slurm does)."""
+
+    node_rank: int = 0
+    """This node's index in the job, 0..nnodes-1; node 0 hosts the rendezvous (SLURM: SLURM_NODEID)."""
+
+    rdzv_endpoint: str | None = None
+    """host:port of the c10d rendezvous on node 0, the same on every node; needed when nnodes > 1.
+    null with one node: torchrun --standalone."""
+
+    rdzv_id: str = "qwen3_neuron"
+    """Rendezvous id, the same on every node of one job (SLURM: slurm-<job id>)."""
+
+    max_restarts: int = 0
+    """torchrun restarts of all workers after a failure (they resume from the newest checkpoint
+    when checkpointing is on)."""
 
     dry_run: bool = False
     """Print the final torchtitan config and torchrun command, write the run record, start nothing."""
