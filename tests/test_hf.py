@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -413,6 +415,24 @@ def test_failed_export_leaves_nothing_that_looks_complete(assets, tmp_path):
         export.export_after_training(config, run_dir)
     assert (old_export / "marker").read_text() == "previous export"  # untouched
     assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == []  # no half-made dir
+    assert (run_dir / "checkpoint" / "step-5").is_dir()  # the save is kept for another try
+
+
+def test_export_killed_midway_leaves_no_export(assets, tmp_path, monkeypatch):
+    model_dir = copy_model_dir(assets.tiny_qwen3_dir, tmp_path / "model")
+    config = hf_trainer_config(model_dir)
+    config.checkpoint.export_dtype = "float32"
+    run_dir = make_run(tmp_path, config, weights(model_dir))
+    # kill -9 after the weights, config and tokenizer are written, before the rename
+    monkeypatch.setattr(export, "_check", lambda *args: os.kill(os.getpid(), signal.SIGKILL))
+    pid = os.fork()
+    if pid == 0:
+        export.export_after_training(config, run_dir)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert not (run_dir / "hf_export").exists()  # nothing under the export's name
+    assert all(p.name.startswith(".hf_export.") for p in run_dir.iterdir() if "export" in p.name)
     assert (run_dir / "checkpoint" / "step-5").is_dir()  # the save is kept for another try
 
 
