@@ -27,14 +27,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask
 
 from torchtitan.config import derive, override
 from torchtitan.models.common.attention import FlexAttention
 from torchtitan.protocols.module import Module
 
-from qwen3_neuron.kernels.sdpa_attention import dense_mask
+from qwen3_neuron.kernels.sdpa_attention import sdpa_on_block_mask
 
 
 class NeuronSDPAAttention(Module):
@@ -66,15 +65,7 @@ class NeuronSDPAAttention(Module):
                 "sdpa_for_neuron supports mask_mod only; score_mod and out_transform (attention "
                 "sinks, LSE outputs) need flex_attention, which Neuron does not compile."
             )
-        out_BNLH = F.scaled_dot_product_attention(
-            q_BLNH.transpose(1, 2),
-            k_BLNH.transpose(1, 2),
-            v_BLNH.transpose(1, 2),
-            attn_mask=dense_mask(attention_masks),
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
-        return out_BNLH.transpose(1, 2)
+        return sdpa_on_block_mask(q_BLNH, k_BLNH, v_BLNH, attention_masks, scale=scale, enable_gqa=enable_gqa)
 
 
 @override(

@@ -75,15 +75,28 @@ class SDPAFlexAttention(FlexAttention):
                 "sdpa_for_flex supports mask_mod only; score_mod and out_transform (attention "
                 "sinks, LSE outputs) need flex_attention itself."
             )
-        out_BNLH = F.scaled_dot_product_attention(
-            q_BLNH.transpose(1, 2),
-            k_BLNH.transpose(1, 2),
-            v_BLNH.transpose(1, 2),
-            attn_mask=dense_mask(attention_masks),
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
-        return out_BNLH.transpose(1, 2)
+        return sdpa_on_block_mask(q_BLNH, k_BLNH, v_BLNH, attention_masks, scale=scale, enable_gqa=enable_gqa)
+
+
+def sdpa_on_block_mask(
+    q_BLNH: torch.Tensor,
+    k_BLNH: torch.Tensor,
+    v_BLNH: torch.Tensor,
+    attention_masks: BlockMask,
+    *,
+    scale: float | None,
+    enable_gqa: bool,
+) -> torch.Tensor:
+    """What flex_attention computes for a mask_mod-only BlockMask, through SDPA."""
+    out_BNLH = F.scaled_dot_product_attention(
+        q_BLNH.transpose(1, 2),
+        k_BLNH.transpose(1, 2),
+        v_BLNH.transpose(1, 2),
+        attn_mask=dense_mask(attention_masks),
+        scale=scale,
+        enable_gqa=enable_gqa,
+    )
+    return out_BNLH.transpose(1, 2)
 
 
 @override(
