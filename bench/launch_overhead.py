@@ -3,7 +3,7 @@
     .venv/bin/python bench/launch_overhead.py [--steps 20] [--repeats 2]
 
 Both sides train torchtitan's `qwen3_debugmodel` on 2 CPU ranks with the same torchtitan settings:
-bare torchtitan through `torchrun -m qwen3_neuron.torchtitan_cli` (stock `torchtitan.train` + the
+bare torchtitan through `torchrun -m qwen3_neuron.worker.torchtitan_cli` (stock `torchtitan.train` + the
 same CPU fixes), and `launch.py` with the same values as Hydra overrides. Runs alternate
 (bare, launch, bare, launch, ...) so machine noise hits both alike. Printed:
 
@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from qwen3_neuron.assets import DATASET_NAME, build_assets  # noqa: E402
+from qwen3_neuron.assets.build import DATASET_NAME, build_assets  # noqa: E402
 
 STEP = re.compile(r"step:\s+(\d+).*?tps: ([0-9,]+)")
 SELECTIVE_AC = "torchtitan.distributed.activation_checkpoint.SelectiveAC.Config"
@@ -54,7 +54,7 @@ def bare_command(settings: dict) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         "--local-ranks-filter=0", "--tee=3", "--role=rank",
-        "-m", "qwen3_neuron.torchtitan_cli", "--device", "cpu",
+        "-m", "qwen3_neuron.worker.torchtitan_cli", "--device", "cpu",
         "--module", "qwen3", "--config", "qwen3_debugmodel", *flags,
     ]  # fmt: skip
 

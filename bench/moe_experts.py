@@ -18,8 +18,8 @@ import time
 import torch
 from torchtitan.models.common.moe import GroupedExperts
 
-from qwen3_neuron.kernels.blockwise import DEFAULT_BLOCK_SIZE, blockwise_experts
-from qwen3_neuron.tiny import TINY_MOE
+from qwen3_neuron.kernels.moe.blockwise import DEFAULT_BLOCK_SIZE, blockwise_experts
+from qwen3_neuron.models.tiny import TINY_MOE
 
 # name -> (dim, moe hidden dim, experts, top k)
 SHAPES = {

@@ -12,8 +12,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from qwen3_neuron import compose as project_compose
-from qwen3_neuron.assets import build_assets
+from qwen3_neuron.assets.build import build_assets
+from qwen3_neuron.config import hydra_setup as project_compose
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ["HF_HUB_OFFLINE"] = "1"

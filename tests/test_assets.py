@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from qwen3_neuron import assets
-from qwen3_neuron.tiny import TINY_DENSE, TINY_MOE, TINY_VOCAB_SIZE
+from qwen3_neuron.assets import build as assets
+from qwen3_neuron.models.tiny import TINY_DENSE, TINY_MOE, TINY_VOCAB_SIZE
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n",

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from conftest import compose_config, launch
 
-from qwen3_neuron.fields import ConfigError
-from qwen3_neuron.plan import make_plan
+from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.errors import ConfigError
 
-BLOCKWISE = "qwen3_neuron.kernels.blockwise.blockwise_experts"
+BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"
 
 # (overrides, texts the error must contain)
@@ -38,11 +38,11 @@ PLAN_TIME = [
     (["+dump_folder=/tmp/elsewhere"], ["dump_folder", "hydra.run.dir"]),
     (["hf_assets_path=/nonexistent/tokenizer"], ["hf_assets_path=/nonexistent/tokenizer", "qwen3_neuron.assets"]),
     (["dataloader.dataset_path=/nonexistent/data"], ["dataloader.dataset_path=/nonexistent/data", "does not exist"]),
-    ([f"+activation_checkpoint._target_=torchtitan.config.configs.TrainingConfig"], ["activation_checkpoint._target_", "FullAC.Config"]),
+    (["+activation_checkpoint._target_=torchtitan.config.configs.TrainingConfig"], ["activation_checkpoint._target_", "FullAC.Config"]),
     (["+activation_checkpoint._target_=no_such_pkg.Thing.Config"], ["activation_checkpoint._target_", "cannot import"]),
     (["model=moe", "kernels=nki"], ["kernels=nki needs device neuron", "kernels=blockwise"]),
     (["model=moe", "kernels.overrides=[no_such_pkg.moe.experts]"], ["no_such_pkg.moe.experts", "could not be imported"]),
-    (["model=moe", "kernels.overrides=[qwen3_neuron.metrics.not_an_override]"], ["names no registered @override"]),
+    (["model=moe", "kernels.overrides=[qwen3_neuron.worker.metrics.not_an_override]"], ["names no registered @override"]),
     (["kernels=blockwise"], [f"'{BLOCKWISE}' matches no node"]),
     (["model=moe", "kernels=blockwise", "kernels.overrides=[examples.my_moe.my_experts]"], ["both claim node", "kernels=none"]),
     (["model=moe", "model.top_k=9"], ["model.top_k=9", "8 experts"]),
@@ -80,4 +80,4 @@ def test_bad_input_on_the_command_line_exits_non_zero_and_writes_nothing(tmp_pat
     for text in expected:
         assert text in result.stderr
     assert not run_dir.exists()
-    assert "qwen3_neuron.train" not in result.stdout  # no torchrun command was run
+    assert "qwen3_neuron.worker.train" not in result.stdout  # no torchrun command was run

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
 from conftest import compose_config, launch
 
-from qwen3_neuron.fields import ConfigError
-from qwen3_neuron.plan import make_plan
+from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.errors import ConfigError
 
 
 def plan_for(tmp_path, *overrides):
@@ -23,7 +22,7 @@ def test_default_config_plans_tiny_native_on_two_cpu_ranks(tmp_path, assets):
     assert config.dump_folder == str(tmp_path / "run")
     assert config.hf_assets_path == str(assets.tokenizer_dir)
     assert config.dataloader.dataset_path == str(assets.text_dataset_dir)
-    assert "--nproc_per_node=2" in plan.command and plan.command[-2:] == ["qwen3_neuron.train", str(tmp_path / "run")]
+    assert "--nproc_per_node=2" in plan.command and plan.command[-2:] == ["qwen3_neuron.worker.train", str(tmp_path / "run")]
     # fields nobody set keep the base config function's (qwen3_32b) values
     assert config.checkpoint.export_dtype == "float16"
     assert config.optimizer.param_groups[0].optimizer_kwargs["weight_decay"] == 0.1
@@ -83,4 +82,4 @@ def test_dry_run_records_the_run_and_starts_nothing(tmp_path, assets):
     assert {"job.yaml", "trainer_config.json", "command.sh", "versions.json"} <= {p.name for p in run_dir.iterdir()}
     assert not (run_dir / "train.log").exists() and not (run_dir / "metrics.jsonl").exists()
     assert '"steps": 7' in (run_dir / "trainer_config.json").read_text()
-    assert "qwen3_neuron.train" in (run_dir / "command.sh").read_text()
+    assert "qwen3_neuron.worker.train" in (run_dir / "command.sh").read_text()

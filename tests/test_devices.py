@@ -1,5 +1,5 @@
 """The device seam: device resolution, the CPU fixes, the SDPA stand-in for FlexAttention, and
-bare torchtitan training on 2 CPU ranks through `qwen3_neuron.torchtitan_cli`."""
+bare torchtitan training on 2 CPU ranks through `qwen3_neuron.worker.torchtitan_cli`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import and_masks, create_block_mask
 
-from qwen3_neuron import devices, torchtitan_cli
-from qwen3_neuron.devices import DeviceUnavailableError
+from qwen3_neuron.devices import policy as devices
+from qwen3_neuron.errors import DeviceUnavailableError
+from qwen3_neuron.worker import torchtitan_cli
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -135,7 +136,7 @@ def _reference_attention(q_BLNH, k_BLNH, v_BLNH, mask_mod, scale):
 def test_sdpa_override_matches_flex_attention_forward(kind, n_kv_heads):
     from torchtitan.models.common.attention import FlexAttention
 
-    from qwen3_neuron.kernels.sdpa_attention import SDPAFlexAttention, sdpa_for_flex
+    from qwen3_neuron.kernels.attention.sdpa import SDPAFlexAttention, sdpa_for_flex
 
     config = sdpa_for_flex(FlexAttention.Config())
     assert type(config) is SDPAFlexAttention.Config and isinstance(config, FlexAttention.Config)
@@ -154,7 +155,7 @@ def test_sdpa_override_matches_flex_attention_forward(kind, n_kv_heads):
 def test_sdpa_override_gradients_match_plain_attention(n_kv_heads):
     from torchtitan.models.common.attention import FlexAttention
 
-    from qwen3_neuron.kernels.sdpa_attention import sdpa_for_flex
+    from qwen3_neuron.kernels.attention.sdpa import sdpa_for_flex
 
     block_mask, mask_mod = _block_mask("document")
     attention = sdpa_for_flex(FlexAttention.Config()).build()
@@ -170,7 +171,7 @@ def test_sdpa_override_gradients_match_plain_attention(n_kv_heads):
 
 
 def test_dense_mask_is_built_once_per_block_mask():
-    from qwen3_neuron.kernels.sdpa_attention import dense_mask
+    from qwen3_neuron.kernels.attention.sdpa import dense_mask
 
     block_mask, mask_mod = _block_mask("causal")
     first = dense_mask(block_mask)
@@ -184,9 +185,9 @@ def test_dense_mask_is_built_once_per_block_mask():
 
 INSTALL_PROBE = """
 import json, torch
-from qwen3_neuron import devices
-devices.install("cpu")
-devices.install("cpu")  # idempotent
+from qwen3_neuron.devices.fixes import install
+install("cpu")
+install("cpu")  # idempotent
 from torchtitan.tools import utils
 import torchtitan.distributed.utils as dist_utils
 from torchtitan.components.metrics import build_device_memory_monitor
@@ -195,7 +196,7 @@ block = torch.ones(2**24)  # 64 MiB, touched
 stats = monitor.get_peak_stats()
 monitor.reset_peak_stats()
 import torchtitan.experiments.transformers_modeling_backend.model as hf_model
-from qwen3_neuron.kernels.sdpa_attention import hf_sdpa_attention_forward
+from qwen3_neuron.kernels.attention.sdpa import hf_sdpa_attention_forward
 print(json.dumps({
     "device_type": utils.device_type,
     "copied_device_type": dist_utils.device_type,
@@ -242,7 +243,7 @@ def test_torchtitan_cli_trains_tiny_qwen3_on_two_cpu_ranks(assets, tmp_path):
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc_per_node", str(devices.default_nproc("cpu")),
-        "-m", "qwen3_neuron.torchtitan_cli", "--device", "cpu",
+        "-m", "qwen3_neuron.worker.torchtitan_cli", "--device", "cpu",
         "--module", "qwen3", "--config", "qwen3_debugmodel",
         "--training.steps", str(steps), "--training.seq_len", "128", "--training.local_batch_size", "2",
         "--dataloader.dataset", "c4_test", "--dataloader.dataset_path", str(assets.text_dataset_dir),

@@ -11,19 +11,20 @@ import json
 import pytest
 from conftest import compose_config, launch, read_jsonl
 
-from qwen3_neuron import devices
-from qwen3_neuron.fields import ConfigError
-from qwen3_neuron.flavors import moe_dims
-from qwen3_neuron.layout import resolve_degrees
-from qwen3_neuron.plan import make_plan
+from qwen3_neuron.config.hydra_setup import experiment_without_plus
+from qwen3_neuron.config.layout import resolve_degrees
+from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.devices import policy as devices
+from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.models.flavors import moe_dims
 
-NKI = "qwen3_neuron.kernels.nki_moe.nki_experts"
-BLOCKWISE = "qwen3_neuron.kernels.blockwise.blockwise_experts"
+NKI = "qwen3_neuron.kernels.moe.nki.nki_experts"
+BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 HAS_TORCH_NEURONX = devices.unavailable_reason("neuron") is None
 
 
 def dry_run(tmp_path, experiment, *overrides):
-    return make_plan(compose_config(f"+experiment={experiment}", "run.dry_run=true", *overrides), tmp_path / "run")
+    return make_plan(compose_config(f"experiment={experiment}", "run.dry_run=true", *overrides), tmp_path / "run")
 
 
 def assert_one_trn2_node(plan):
@@ -68,7 +69,7 @@ def test_trn2_qwen3_moe_nki_plans_64_experts_nki_dp64(tmp_path, assets):
 def model_hf_plans_here(tmp_path) -> None:
     """Skip unless model=hf plans in this version (its CPU variant, whose model dir is local)."""
     try:
-        make_plan(compose_config("+experiment=cpu_qwen3_tiny_hf", "run.dry_run=true"), tmp_path / "probe")
+        make_plan(compose_config("experiment=cpu_qwen3_tiny_hf", "run.dry_run=true"), tmp_path / "probe")
     except ConfigError as e:
         pytest.skip(f"model=hf does not plan in this version: {e}")
 
@@ -93,7 +94,7 @@ def test_trn2_qwen3_4b_hf_plans_from_hf_with_export(tmp_path, assets):
 @pytest.mark.skipif(HAS_TORCH_NEURONX, reason="torch-neuronx is installed here")
 def test_a_trn2_dry_run_prints_the_torchrun_command_and_starts_nothing(tmp_path, assets):
     run_dir = tmp_path / "run"
-    result = launch(run_dir, "+experiment=trn2_qwen3_4b_native", "run.dry_run=true", timeout=300)
+    result = launch(run_dir, "experiment=trn2_qwen3_4b_native", "run.dry_run=true", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert "[qwen3-neuron] device: neuron, world size 64" in out
@@ -106,7 +107,7 @@ def test_a_trn2_dry_run_prints_the_torchrun_command_and_starts_nothing(tmp_path,
 def test_every_named_experiment_composes(assets):
     for name in ("trn2_qwen3_4b_hf", "trn2_qwen3_4b_native", "trn2_qwen3_moe_nki",
                  "cpu_qwen3_tiny_hf", "cpu_qwen3_tiny_native", "cpu_qwen3_tiny_moe"):  # fmt: skip
-        composed = compose_config(f"+experiment={name}")
+        composed = compose_config(f"experiment={name}")
         on_trn2 = name.startswith("trn2")
         assert composed["device"]["type"] == ("neuron" if on_trn2 else "cpu")
         assert on_trn2 or composed["training"]["steps"] <= 5  # CPU variants: CI-sized
@@ -118,7 +119,7 @@ def test_every_named_experiment_composes(assets):
 @pytest.mark.integration
 def test_cpu_qwen3_tiny_moe_trains_with_the_blockwise_kernel(tmp_path, assets):
     run_dir = tmp_path / "run"
-    result = launch(run_dir, "+experiment=cpu_qwen3_tiny_moe", timeout=600)
+    result = launch(run_dir, "experiment=cpu_qwen3_tiny_moe", timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 5
@@ -130,10 +131,25 @@ def test_cpu_qwen3_tiny_moe_trains_with_the_blockwise_kernel(tmp_path, assets):
 def test_cpu_qwen3_tiny_hf_trains_from_hf_and_exports(tmp_path, assets):
     model_hf_plans_here(tmp_path)
     run_dir = tmp_path / "run"
-    result = launch(run_dir, "+experiment=cpu_qwen3_tiny_hf", timeout=600)
+    result = launch(run_dir, "experiment=cpu_qwen3_tiny_hf", timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     assert records[-1]["loss"] < records[0]["loss"]  # from the tiny HF dir's weights
     export = run_dir / "hf_export"
     assert (export / "config.json").exists() and any(export.glob("*.safetensors"))
+
+
+def test_an_experiments_values_beat_the_defaults_and_the_command_line_beats_both(assets):
+    defaults = compose_config()
+    experiment = compose_config("experiment=cpu_qwen3_tiny_native")
+    overridden = compose_config("experiment=cpu_qwen3_tiny_native", "training.steps=3")
+    assert defaults["training"]["steps"] == 30  # conf/config.yaml
+    assert experiment["training"]["steps"] == 5  # conf/experiment/cpu_qwen3_tiny_native.yaml
+    assert overridden["training"]["steps"] == 3
+    assert experiment["run"]["nproc_per_node"] == overridden["run"]["nproc_per_node"] == 2
+
+
+def test_the_plus_form_of_experiment_still_selects_it():
+    argv = ["launch.py", "+experiment=cpu_qwen3_tiny_native", "+x=1", "training.steps=3"]
+    assert experiment_without_plus(argv) == ["launch.py", "experiment=cpu_qwen3_tiny_native", "+x=1", "training.steps=3"]

@@ -1,5 +1,5 @@
 """model=hf and HF safetensors in and out, without the launcher: no process is started here
-except one `python -m qwen3_neuron.verify`.
+except one `python -m qwen3_neuron.hf_io.verify`.
 
 The HF saves are made the way torchtitan makes them (its state-dict adapter, then DCP's
 HuggingFaceStorageWriter and consolidation, as `DCPCheckpointManager.dcp_save(to_hf=True)` does),
@@ -23,10 +23,14 @@ import torch
 from conftest import REPO, compose_config
 from safetensors.torch import load_file, save_file
 
-from qwen3_neuron import export, hf_model, loss_check, verify
-from qwen3_neuron.fields import ConfigError
-from qwen3_neuron.flavors import native_model_spec
-from qwen3_neuron.settings import ModelSettings
+from qwen3_neuron.config.settings import ModelSettings
+from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.hf_io import export, verify
+from qwen3_neuron.models.flavors import native_model_spec
+from qwen3_neuron.models.hf import model_dir as hf_model
+from qwen3_neuron.models.hf import spec as hf_spec
+from qwen3_neuron.models.hf import state_dict as hf_state_dict
+from qwen3_neuron.report import loss_check
 
 TINY_VOCAB = 2048
 
@@ -45,9 +49,9 @@ def hf_trainer_config(model_dir, seq_len=256):
     )
 
     config = transformers_modeling_backend_full()
-    config.model_spec = hf_model.hf_model_spec(hf_settings(model_dir))
+    config.model_spec = hf_spec.hf_model_spec(hf_settings(model_dir))
     config.training.seq_len = seq_len
-    hf_model.configure_hf_trainer(config, hf_settings(model_dir))
+    hf_spec.configure_hf_trainer(config, hf_settings(model_dir))
     return config
 
 
@@ -174,13 +178,13 @@ def test_hf_spec_restores_biases_torchtitan_would_drop(assets, tmp_path):
 
 
 def test_hf_spec_picks_the_moe_config_for_the_moe_dir(assets):
-    assert hf_model.hf_model_spec(hf_settings(assets.tiny_qwen3_moe_dir)).model.is_moe
-    assert not hf_model.hf_model_spec(hf_settings(assets.tiny_qwen3_dir)).model.is_moe
+    assert hf_spec.hf_model_spec(hf_settings(assets.tiny_qwen3_moe_dir)).model.is_moe
+    assert not hf_spec.hf_model_spec(hf_settings(assets.tiny_qwen3_dir)).model.is_moe
 
 
 def test_hf_flavor_must_not_override_the_architecture(assets):
     with pytest.raises(ConfigError, match=r"model.flavor=debugmodel does not fit model=hf.*full"):
-        hf_model.hf_model_spec(hf_settings(assets.tiny_qwen3_dir, flavor="debugmodel"))
+        hf_spec.hf_model_spec(hf_settings(assets.tiny_qwen3_dir, flavor="debugmodel"))
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
@@ -217,10 +221,10 @@ def test_split_and_fuse_experts_are_inverse():
     gate_up = torch.randn(4, 6, 5)  # E, 2F, D
     down = torch.randn(4, 5, 3)  # E, D, F
     fused = {"m.layers.0.mlp.experts.gate_up_proj": gate_up, "m.layers.0.mlp.experts.down_proj": down}
-    split = hf_model._split_experts(fused)
+    split = hf_state_dict._split_experts(fused)
     assert split["m.layers.0.mlp.experts.3.up_proj.weight"].shape == (3, 5)
     assert len(split) == 12
-    again = hf_model._fuse_experts(split)
+    again = hf_state_dict._fuse_experts(split)
     assert all(torch.equal(again[k], fused[k]) for k in fused)
 
 
@@ -259,7 +263,7 @@ def broken_dirs(assets, tmp_path):
 def test_malformed_hf_model_dir_is_refused_naming_file_and_key(broken_dirs, case):
     model_dir, expected = broken_dirs[case]
     with pytest.raises(ConfigError) as error:
-        hf_model.hf_model_spec(hf_settings(model_dir))
+        hf_spec.hf_model_spec(hf_settings(model_dir))
     assert expected in str(error.value)
     assert "model.hf_model" in str(error.value) or "trust_remote_code" in str(error.value)
 
@@ -504,7 +508,7 @@ def test_verify_names_shape_mismatches(assets, tmp_path, capsys):
 def test_verify_cli_exit_codes(assets, tmp_path):
     def run(*args):
         return subprocess.run(
-            [sys.executable, "-m", "qwen3_neuron.verify", *args], cwd=REPO, capture_output=True, text=True
+            [sys.executable, "-m", "qwen3_neuron.hf_io.verify", *args], cwd=REPO, capture_output=True, text=True
         ).returncode
 
     not_a_model = tmp_path / "empty"

@@ -105,7 +105,7 @@ def test_export_opens_with_from_pretrained_and_verify_passes(hf_run, assets):
     assert model.config.max_position_embeddings == source["max_position_embeddings"]  # not seq_len
     assert AutoTokenizer.from_pretrained(export_dir).eos_token == "<|endoftext|>"
     verify = subprocess.run(
-        [sys.executable, "-m", "qwen3_neuron.verify", str(export_dir)], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "qwen3_neuron.hf_io.verify", str(export_dir)], cwd=REPO, capture_output=True, text=True
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "missing keys (0)" in verify.stdout and "unexpected keys (0)" in verify.stdout

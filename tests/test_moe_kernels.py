@@ -16,25 +16,25 @@ from torchtitan.models.common.moe import GroupedExperts, MoE
 from torchtitan.models.qwen3 import model_registry
 
 from examples.my_moe import LoopExperts, my_experts
-from qwen3_neuron.kernels.block_layout import (
+from qwen3_neuron.kernels.moe.block_layout import (
     block_layout_from_expert_ids,
     build_block_layout,
     max_num_blocks,
 )
-from qwen3_neuron.kernels.blockwise import (
+from qwen3_neuron.kernels.moe.blockwise import (
     BlockwiseGroupedExperts,
     blockwise_experts,
     blockwise_swiglu,
 )
-from qwen3_neuron.kernels.nki_moe import (
+from qwen3_neuron.kernels.moe.nki import (
     NkiGroupedExperts,
     NkiUnavailableError,
     nki_available,
 )
-from qwen3_neuron.tiny import TINY_MOE
+from qwen3_neuron.models.tiny import TINY_MOE
 
-BLOCKWISE = "qwen3_neuron.kernels.blockwise.blockwise_experts"
-NKI = "qwen3_neuron.kernels.nki_moe.nki_experts"
+BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
+NKI = "qwen3_neuron.kernels.moe.nki.nki_experts"
 MY_EXPERTS = "examples.my_moe.my_experts"
 
 # (num_tokens_per_expert, block_size, extra padding rows past the counted ones)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-from conftest import compose_config, launch
+from conftest import compose_config
 
-from qwen3_neuron.fields import ConfigError
-from qwen3_neuron.flavors import moe_dims
-from qwen3_neuron.plan import make_plan
+from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.models.flavors import moe_dims
 
-BLOCKWISE = "qwen3_neuron.kernels.blockwise.blockwise_experts"
+BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 
 
 def plan_for(tmp_path, *overrides):

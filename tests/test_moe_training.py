@@ -32,7 +32,7 @@ def test_blockwise_tracks_torchtitans_experts_for_10_steps(tmp_path, reference_r
     # same seed, same data, the same math in another order: float rounding only
     assert blockwise == pytest.approx(reference, abs=2e-3)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert len(summary["overrides"]["qwen3_neuron.kernels.blockwise.blockwise_experts"]) == 2
+    assert len(summary["overrides"]["qwen3_neuron.kernels.moe.blockwise.blockwise_experts"]) == 2
 
 
 def test_the_example_user_kernel_trains(tmp_path, reference_run):

@@ -11,7 +11,7 @@ import json
 import pytest
 from conftest import launch
 
-from qwen3_neuron import devices
+from qwen3_neuron.devices import policy as devices
 
 pytestmark = [
     pytest.mark.integration,
@@ -26,7 +26,7 @@ pytestmark = [
 def test_tiny_qwen3_trains_on_two_neuron_cores(tmp_path, assets, compiled):
     run_dir = tmp_path / "run"
     result = launch(
-        run_dir, "+experiment=cpu_qwen3_tiny_native", "device=neuron", "run.nproc_per_node=2",
+        run_dir, "experiment=cpu_qwen3_tiny_native", "device=neuron", "run.nproc_per_node=2",
         f"compile.enable={str(compiled).lower()}", timeout=3600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

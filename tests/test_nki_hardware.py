@@ -9,8 +9,8 @@ import pytest
 import torch
 from torchtitan.models.common.moe import GroupedExperts
 
-from qwen3_neuron.kernels.blockwise import blockwise_experts, torch_block_mlp
-from qwen3_neuron.kernels.nki_moe import NkiGroupedExperts, nki_available, nki_experts
+from qwen3_neuron.kernels.moe.blockwise import blockwise_experts, torch_block_mlp
+from qwen3_neuron.kernels.moe.nki import NkiGroupedExperts, nki_available, nki_experts
 
 
 def _neuron_device() -> tuple[torch.device | None, str]:
@@ -72,7 +72,7 @@ def test_nki_experts_match_blockwise(shape):
 
 
 def test_nki_block_mlp_op_alone():
-    from qwen3_neuron.kernels.nki_moe import _nki_block_mlp_op
+    from qwen3_neuron.kernels.moe.nki import _nki_block_mlp_op
 
     G, S, D, F, E = 5, 128, 256, 384, 3
     torch.manual_seed(0)

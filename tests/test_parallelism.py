@@ -21,11 +21,11 @@ import pytest
 import torch
 from conftest import REPO, compose_config, launch, read_jsonl
 
-from qwen3_neuron import devices
-from qwen3_neuron.fields import ConfigError
-from qwen3_neuron.layout import _fsdp_takes_spmd_types, _schedules_take_microbatch_lists, resolve_degrees
-from qwen3_neuron.plan import make_plan
-from qwen3_neuron.torchrun import torchrun_args
+from qwen3_neuron.config.layout import _fsdp_takes_spmd_types, _schedules_take_microbatch_lists, resolve_degrees
+from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.devices import policy as devices
+from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.launch.torchrun import torchrun_args
 
 OLD_TORCH_FSDP = not _fsdp_takes_spmd_types()  # torch < 2.14: TP/CP/EP need partial_dtensor
 OLD_TORCH_PP = not _schedules_take_microbatch_lists()  # torch < 2.14: torchtitan's PP cannot run
@@ -188,7 +188,7 @@ def test_neuron_attention_matches_flex_and_lets_torchtitan_compile_with_the_neur
     from torchtitan.distributed.compile import _maybe_regional_inductor_backend
     from torchtitan.models.common.attention import FlexAttention, get_causal_mask_mod
 
-    from qwen3_neuron.kernels.neuron_attention import sdpa_for_neuron
+    from qwen3_neuron.kernels.attention.neuron import sdpa_for_neuron
 
     batch, seq, heads, kv_heads, head_dim = 2, 128, 4, 2, 32
     mask = create_block_mask(get_causal_mask_mod(), batch, None, seq, seq, device="cpu")
@@ -261,7 +261,7 @@ def test_run_keys_reach_the_torchrun_command(tmp_path, assets):
 
 # ---- integration: layouts train on 2 CPU ranks like 1 rank on the same global batch ----------
 
-EXPERIMENT = "+experiment=cpu_qwen3_tiny_native"  # tiny native Qwen3, 5 steps, seq 128
+EXPERIMENT = "experiment=cpu_qwen3_tiny_native"  # tiny native Qwen3, 5 steps, seq 128
 
 
 def losses(run_dir: Path) -> list[float]:

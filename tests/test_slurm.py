@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, read_jsonl
 
-from qwen3_neuron import slurm as slurm_module
-from qwen3_neuron.fields import ConfigError
+from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.launch import slurm as slurm_module
 
 SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -209,7 +209,7 @@ def test_launcher_presets_allocate_run_nnodes_nodes_with_one_task_each(preset):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from qwen3_neuron.compose import CONF_DIR
+    from qwen3_neuron.config.hydra_setup import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"hydra/launcher={preset}", "run.nnodes=4"], return_hydra_config=True)
@@ -229,7 +229,7 @@ def test_a_two_job_sweep_trains_on_slurm(slurm, assets, tmp_path):
     sweep_dir = tmp_path / "sweep"
     result = subprocess.run(
         [sys.executable, str(REPO / "launch.py"), "-m", "hydra/launcher=local_slurm",
-         "+experiment=cpu_qwen3_tiny_native", "optimizer.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep_dir}"],
+         "experiment=cpu_qwen3_tiny_native", "optimizer.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep_dir}"],
         cwd=REPO, env={**slurm.env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + slurm.log_tail()

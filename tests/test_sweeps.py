@@ -17,12 +17,12 @@ import yaml
 from conftest import REPO, compose_config, read_jsonl
 from hydra import compose, initialize_config_dir
 
-from qwen3_neuron import compose as project_compose
-from qwen3_neuron.peak_flops import PeakFlops, cache_path, peak_flops, training_dtype
-from qwen3_neuron.plan import make_plan
-from qwen3_neuron.progress import Progress
-from qwen3_neuron.report import JobFailed, crash_error, summarize, sweep_job_value
-from qwen3_neuron.sweep_report import COLUMNS, write_report
+from qwen3_neuron.config import hydra_setup as project_compose
+from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.launch.progress import Progress
+from qwen3_neuron.report.peak_flops import PeakFlops, cache_path, peak_flops, training_dtype
+from qwen3_neuron.report.summary import JobFailed, crash_error, summarize, sweep_job_value
+from qwen3_neuron.report.sweep_table import COLUMNS, write_report
 
 # tiny and quick: every job of these sweeps starts one rank for three short steps
 SMALL = (
@@ -155,7 +155,7 @@ def test_sweep_report_command_rebuilds_the_same_csv(sweep):
     for name in ("summary.csv", "summary.md", "loss.png"):
         (sweep_dir / name).unlink()
     result = subprocess.run(
-        [sys.executable, "-m", "qwen3_neuron.sweep_report", str(sweep_dir)],
+        [sys.executable, "-m", "qwen3_neuron.report.sweep_table", str(sweep_dir)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -209,14 +209,14 @@ def test_optuna_reports_the_best_trial_and_a_failed_trial_as_failed(tmp_path, as
 
 def test_the_optuna_example_composes_into_a_search_space_the_plan_accepts(tmp_path, assets):
     with initialize_config_dir(config_dir=str(project_compose.CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["+experiment=optuna_lr"], return_hydra_config=True)
+        cfg = compose(config_name="config", overrides=["experiment=optuna_lr"], return_hydra_config=True)
     sweeper = cfg.hydra.sweeper
     assert sweeper._target_.endswith("OptunaSweeper") and sweeper.direction == "minimize"
-    assert cfg.hydra.callbacks.sweep_report._target_ == "qwen3_neuron.hydra_callbacks.SweepReport"
+    assert cfg.hydra.callbacks.sweep_report._target_ == "qwen3_neuron.report.hydra_callbacks.SweepReport"
     assert set(sweeper.params) == {"optimizer.lr", "optimizer.weight_decay", "lr_scheduler.warmup_steps"}
     # one point of the space: every searched key is a key the plan knows
     plan = make_plan(
-        compose_config("+experiment=optuna_lr", "optimizer.lr=1e-3", "optimizer.weight_decay=0.05",
+        compose_config("experiment=optuna_lr", "optimizer.lr=1e-3", "optimizer.weight_decay=0.05",
                        "lr_scheduler.warmup_steps=2"),
         tmp_path / "run",
     )  # fmt: skip
@@ -326,7 +326,7 @@ def test_progress_redraws_one_line_on_a_terminal(tmp_path):
 
 def test_peak_is_taken_from_the_machine_cache_and_neuron_uses_the_vendor_figure(tmp_path, monkeypatch):
     monkeypatch.setenv("QWEN3_NEURON_CACHE", str(tmp_path))
-    from qwen3_neuron import peak_flops as module
+    from qwen3_neuron.report import peak_flops as module
 
     key = module._cache_key("cpu", module.cpu_name(), "float32", 1)
     entry = PeakFlops(1.5e11, "measured", "cpu", module.cpu_name(), "float32", 1, "seeded by the test")

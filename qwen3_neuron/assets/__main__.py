@@ -1,0 +1,5 @@
+import sys
+
+from qwen3_neuron.assets.build import main
+
+sys.exit(main())

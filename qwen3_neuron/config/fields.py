@@ -1,0 +1,209 @@
+"""Apply nested YAML values onto a tree of config dataclasses, checking every key and type.
+
+OmegaConf cannot type torchtitan's dataclasses (``Literal``, callables, tuples), so the composed
+YAML stays untyped and this module does the checking when it is written onto the dataclasses:
+an unknown key names its full dotted path and the closest valid names, a wrong type names the
+field and the type it expects. ``_target_`` in a section swaps the section's config class (as in
+Hydra's instantiate), keeping the shared fields through torchtitan's own ``derive``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import types
+import typing
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+from qwen3_neuron.errors import ConfigError
+
+
+def apply_fields(node: Any, values: Mapping[str, Any], path: str, hint: Any = Any) -> Any:
+    """Write ``values`` onto the dataclass ``node``; return the (re-validated) node.
+
+    Nested mappings descend into nested dataclasses. Each node that received a value is
+    rebuilt with ``dataclasses.replace`` so its ``__post_init__`` checks run again. ``hint`` is
+    the annotation of the field holding ``node``: what a ``_target_`` class must fit.
+    """
+    values = dict(values)
+    target = values.pop("_target_", None)
+    if target is not None:
+        node = _swap_class(node, target, path, hint)
+    names = _field_names(type(node))
+    for key, value in values.items():
+        key_path = f"{path}.{key}" if path else key
+        if key not in names:
+            raise ConfigError(unknown_key_message(key_path, key, names))
+        current = getattr(node, key)
+        field_hint = _type_hints(type(node)).get(key, Any)
+        if isinstance(value, Mapping) and _accepts_mapping(current, field_hint, value):
+            if current is None and "_target_" not in value:
+                current = _dataclass_arm(field_hint)()
+            value = apply_fields(current, value, key_path, field_hint)
+        else:
+            value = check_type(value, field_hint, key_path)
+        setattr(node, key, value)
+    try:
+        return dataclasses.replace(node) if values or target else node
+    except (ValueError, TypeError, AssertionError) as e:
+        raise ConfigError(f"{path or 'config'}: {e}") from e
+
+
+def unknown_key_message(key_path: str, key: str, valid: typing.Iterable[str]) -> str:
+    valid = sorted(valid)
+    close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return f"Unknown config key '{key_path}'.{hint} Valid keys here: {', '.join(valid)}."
+
+
+def check_type(value: Any, hint: Any, key_path: str) -> Any:
+    """Return ``value`` (coerced where lossless: int->float, list->tuple) or raise ConfigError."""
+    ok, coerced = _match(value, hint)
+    if not ok:
+        raise ConfigError(
+            f"Wrong type for '{key_path}': expected {type_name(hint)}, "
+            f"got {type(value).__name__} {value!r}."
+        )
+    return coerced
+
+
+def type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    if origin is not None:
+        return str(hint).replace("typing.", "")
+    return getattr(hint, "__qualname__", str(hint))
+
+
+def _match(value: Any, hint: Any) -> tuple[bool, Any]:
+    if hint is Any or isinstance(hint, (str, typing.TypeVar)):
+        return True, value  # unresolvable annotation: accept, torchtitan checks at build
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arm in args:
+            ok, coerced = _match(value, arm)
+            if ok:
+                return True, coerced
+        return False, value
+    if origin is typing.Literal:
+        return value in args, value
+    if origin is typing.Annotated:
+        return _match(value, args[0])
+    if hint is type(None):
+        return value is None, value
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value
+    if hint is str:
+        return isinstance(value, str), value
+    if origin in (list, tuple) or hint in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        items = _match_items(value, origin or hint, args)
+        if items is None:
+            return False, value
+        return True, tuple(items) if (origin or hint) is tuple else list(items)
+    if origin is dict or hint is dict:
+        return isinstance(value, Mapping), dict(value) if isinstance(value, Mapping) else value
+    if origin is not None or not isinstance(hint, type):
+        return True, value  # Callable[...] and other exotic hints: left to torchtitan
+    return isinstance(value, hint), value
+
+
+def _match_items(value, container, args) -> list | None:
+    if not args:
+        return list(value)
+    if container is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(args) != len(value):
+            return None
+        arms = args
+    else:
+        arms = [args[0]] * len(value)
+    out = []
+    for item, arm in zip(value, arms):
+        ok, coerced = _match(item, arm)
+        if not ok:
+            return None
+        out.append(coerced)
+    return out
+
+
+def _accepts_mapping(current: Any, hint: Any, value: Mapping) -> bool:
+    if dataclasses.is_dataclass(current):
+        return True
+    return current is None and (_dataclass_arm(hint) is not None or "_target_" in value)
+
+
+def _dataclass_arm(hint: Any) -> type | None:
+    """The one dataclass a hint allows (``X.Config | None`` -> ``X.Config``), else None."""
+    classes = [a for a in _hint_classes(hint) if dataclasses.is_dataclass(a)]
+    return classes[0] if len(classes) == 1 else None
+
+
+def _hint_classes(hint: Any) -> list[type]:
+    hint = _strip_annotated(hint)
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    arms = [_strip_annotated(a) for a in typing.get_args(hint)] if union else [hint]
+    return [a for a in arms if isinstance(a, type) and a is not type(None)]
+
+
+def _strip_annotated(hint: Any) -> Any:
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+
+
+def _swap_class(node: Any, target: str, path: str, hint: Any) -> Any:
+    """Replace ``node`` (a config, or None) by an instance of ``target``, keeping shared fields."""
+    from torchtitan.config.override import derive
+
+    try:
+        module_name, class_path = _split_target(target)
+        cls: Any = importlib.import_module(module_name)
+        for part in class_path.split("."):
+            cls = getattr(cls, part)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"'{path}._target_': cannot import '{target}' ({e}).") from e
+    allowed = _hint_classes(hint)
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)) or (
+        allowed and not issubclass(cls, tuple(allowed))
+    ):
+        expected = " | ".join(c.__qualname__ for c in allowed) or "a config dataclass"
+        raise ConfigError(f"'{path}._target_': '{target}' does not fit here; expected {expected}.")
+    return derive(node, cls) if node is not None else cls()
+
+
+def _split_target(target: str) -> tuple[str, str]:
+    """'pkg.mod.Outer.Config' -> ('pkg.mod', 'Outer.Config'): the longest importable module."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            importlib.import_module(module_name)
+        except ImportError:
+            continue
+        return module_name, ".".join(parts[cut:])
+    raise ValueError("no importable module in it")
+
+
+@cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_"))
+
+
+@cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls, include_extras=True)
+    except Exception:  # forward references torchtitan never resolves at runtime
+        return {f.name: f.type for f in dataclasses.fields(cls)}

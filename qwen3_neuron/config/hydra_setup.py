@@ -1,0 +1,63 @@
+"""Stage 1 support: what Hydra needs before it composes `conf/`.
+
+- `torchtitan_sections`: a node holding every Trainer.Config section, each opened to any key, so
+  `training.steps=20` works without a `+` and every key reaches `fields.apply_fields`, which
+  checks it against torchtitan's dataclasses and names the closest valid keys on a typo.
+- the `${assets:...}` resolver: paths of the project's tiny generated assets.
+- the `${resume_or:...}` resolver: the run dir is `run.resume` when resuming, else a new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from qwen3_neuron.assets import build as assets
+from qwen3_neuron.config.settings import SECTIONS
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def register() -> None:
+    """Idempotent; call before Hydra composes (launch.py, tests using the compose API)."""
+    ConfigStore.instance().store(name="torchtitan_sections", node=_open_sections())
+    register_resolvers()
+
+
+def experiment_without_plus(argv: list[str]) -> list[str]:
+    """`+experiment=NAME` (the form before `experiment` was in the defaults list) as
+    `experiment=NAME`: Hydra refuses to add a group the defaults list already has."""
+    return [arg[1:] if arg.startswith("+experiment=") else arg for arg in argv]
+
+
+def register_resolvers() -> None:
+    """The resolvers alone: what a process that resolves an already composed config needs."""
+    OmegaConf.register_new_resolver("assets", _asset, replace=True)
+    OmegaConf.register_new_resolver("resume_or", _resume_or, replace=True)
+
+
+def _open_sections():
+    from torchtitan.trainer import Trainer
+
+    names = [f.name for f in dataclasses.fields(Trainer.Config) if _is_section(f)] + list(SECTIONS)
+    node = OmegaConf.create({name: {} for name in names})
+    for name in names:
+        OmegaConf.set_struct(node[name], False)
+    return node
+
+
+def _is_section(field: dataclasses.Field) -> bool:
+    return field.name != "model_spec" and field.default_factory is not dataclasses.MISSING
+
+
+def _asset(name: str) -> str:
+    if name == "dataset_name":
+        return assets.DATASET_NAME
+    return str(getattr(assets.asset_paths(), name))
+
+
+def _resume_or(resume: str | None, new_dir: str) -> str:
+    return new_dir if resume is None else str(Path(resume).expanduser().resolve())

@@ -1,0 +1,64 @@
+"""`run.resume=<run dir>`: continue an interrupted run from its newest complete checkpoint.
+
+The run continues with the config it recorded (`job.yaml`), in its own run dir, so torchtitan's
+checkpoint manager finds its `step-N` folders there and restores model, optimizer, scheduler,
+data position and step. What the resuming command line may change: `run.*` and `training.steps`
+(to train longer); anything else it sets must equal the recorded value, or the plan refuses.
+A `step-N` folder without DCP's `.metadata` (written last) was cut short and is never picked,
+by torchtitan's own rule, which `complete_steps` mirrors to say where the run will continue.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Mapping
+
+from omegaconf import OmegaConf
+
+from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.run_dir import JOB_FILE, complete_steps, read_job
+
+CHANGEABLE_ON_RESUME = ("run", "training.steps", "hydra")
+
+
+def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: list[str]) -> dict[str, Any]:
+    """The recorded config of `run_dir`, with the changes the resuming command may make."""
+    if run_dir != Path(composed["run"]["resume"]).expanduser().resolve():
+        raise ConfigError(f"run.resume={composed['run']['resume']} is the run dir; do not set hydra.run.dir too.")
+    if not (run_dir / JOB_FILE).exists():
+        raise ConfigError(f"run.resume={run_dir}: not a run dir of this project (no {JOB_FILE}).")
+    recorded = read_job(run_dir)
+    folder = run_dir / recorded.get("checkpoint", {}).get("folder", "checkpoint")
+    if not complete_steps(folder):
+        raise ConfigError(
+            f"run.resume={run_dir}: no complete checkpoint in {folder}. "
+            "Checkpoints are written with checkpointing=periodic (every checkpoint.interval steps)."
+        )
+    _refuse_changes(recorded, composed, typed_overrides)
+    resumed = copy.deepcopy(recorded)
+    resumed["run"] = dict(composed["run"])
+    resumed["training"]["steps"] = composed["training"]["steps"] if _typed("training.steps", typed_overrides) else recorded["training"]["steps"]
+    return resumed
+
+
+def _refuse_changes(recorded: Mapping, composed: Mapping, typed_overrides: list[str]) -> None:
+    for override in typed_overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key.startswith(CHANGEABLE_ON_RESUME):
+            continue
+        before = OmegaConf.select(OmegaConf.create(recorded), key, default=None)
+        after = OmegaConf.select(OmegaConf.create(dict(composed)), key, default=None)
+        if _plain(before) != _plain(after):
+            raise ConfigError(
+                f"run.resume continues the recorded config, but this command changes '{key}' "
+                f"({_plain(before)!r} -> {_plain(after)!r}). Only run.* and training.steps may change."
+            )
+
+
+def _typed(key: str, typed_overrides: list[str]) -> bool:
+    return any(o.lstrip("+~").split("=", 1)[0] == key for o in typed_overrides)
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value

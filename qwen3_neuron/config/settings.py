@@ -1,0 +1,144 @@
+"""The framework's own config sections: `model`, `kernels`, `device`, `run`.
+
+Everything else in the composed YAML is a torchtitan `Trainer.Config` section under torchtitan's
+own name. These dataclasses are checked by the same code (`fields.apply_fields`), so a typo or a
+wrong type here reads exactly like one in a torchtitan section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from qwen3_neuron.config.fields import apply_fields
+
+
+@dataclass(kw_only=True)
+class ModelSettings:
+    kind: Literal["native", "hf", "moe"] = "native"
+    """Which of the three trainings: torchtitan's Qwen3, the Transformers backend, Qwen3 MoE."""
+
+    module: str = "qwen3"
+    """torchtitan model module whose `config_registry` holds `config_fn` (as torchtitan's --module)."""
+
+    config_fn: str = "qwen3_32b"
+    """torchtitan config function giving the base Trainer.Config (as torchtitan's --config)."""
+
+    flavor: str = "tiny"
+    """Model architecture swapped into the base config's `model_spec`."""
+
+    hf_model: str | None = None
+    """Hub id or local dir of a Transformers model (model=hf)."""
+
+    trust_remote_code: bool = False
+    """Passed to Transformers as is; never assumed."""
+
+    num_experts: int | None = None
+    """MoE: number of experts in the model (not an expert-parallel degree); null keeps the flavour's."""
+
+    top_k: int | None = None
+    """MoE: experts per token; null keeps the flavour's."""
+
+    moe_hidden_dim: int | None = None
+    """MoE: hidden size of each expert; null keeps the flavour's."""
+
+
+@dataclass(kw_only=True)
+class KernelSettings:
+    name: str = "none"
+    """The kernels option chosen (for the record)."""
+
+    factories: list[str] = field(default_factory=list)
+    """`module.function` @override factories this option activates."""
+
+    overrides: list[str] = field(default_factory=list)
+    """A user's own extra `module.function` @override factories, same flow."""
+
+    devices: list[str] = field(default_factory=lambda: ["cpu", "cuda", "neuron"])
+    """Devices the factories run on; the plan refuses others."""
+
+    block_size: int = 128
+    """Blockwise MoE kernels: tokens per block."""
+
+
+@dataclass(kw_only=True)
+class DeviceSettings:
+    type: Literal["auto", "cpu", "cuda", "neuron"] = "auto"
+    """auto: neuron if torch-neuronx and a device are present, else cuda, else cpu."""
+
+
+@dataclass(kw_only=True)
+class RunSettings:
+    nproc_per_node: int | None = None
+    """Ranks per node; null takes the device's default (CPU 2, CUDA/Neuron the device count)."""
+
+    nnodes: int = 1
+    """Nodes in the job (each runs this launch once; SLURM: hydra/launcher=trn2_slurm does)."""
+
+    node_rank: int = 0
+    """This node's index in the job, 0..nnodes-1; node 0 hosts the rendezvous (SLURM: SLURM_NODEID)."""
+
+    rdzv_endpoint: str | None = None
+    """host:port of the c10d rendezvous on node 0, the same on every node; needed when nnodes > 1.
+    null with one node: torchrun --standalone."""
+
+    rdzv_id: str = "qwen3_neuron"
+    """Rendezvous id, the same on every node of one job (SLURM: slurm-<job id>)."""
+
+    max_restarts: int = 0
+    """torchrun restarts of all workers after a failure (they resume from the newest checkpoint
+    when checkpointing is on)."""
+
+    dry_run: bool = False
+    """Print the final torchtitan config and torchrun command, write the run record, start nothing."""
+
+    resume: str | None = None
+    """A run dir to continue from its newest complete checkpoint, with the config it recorded."""
+
+    verbose: bool = False
+    """Show torchtitan's full log on screen; otherwise one progress line per job (train.log has it all)."""
+
+    stop_on_failure: bool = False
+    """Multirun: stop the sweep at the first failed job instead of recording it and going on."""
+
+    objective: Literal[
+        "final_loss", "first_loss", "tokens_per_second", "mfu", "peak_memory_gib", "wall_seconds"
+    ] = "final_loss"
+    """summary.json field a sweep job returns (Optuna's value; its direction is hydra.sweeper.direction)."""
+
+
+@dataclass(kw_only=True)
+class HFSettings:
+    first_loss_check: Literal["warn", "fail", "off"] = "warn"
+    """When initial weights are loaded (checkpointing=from_hf): warn, or fail the run, when the
+    first step's loss is not at least 1 nat below a random init's ln(vocab) (the weights
+    probably did not load); off: no check (e.g. for untrained weights)."""
+
+    export_dir: str | None = None
+    """checkpointing=export_hf: where the complete HF model dir goes (absolute, or relative to
+    the run dir); null: <run dir>/hf_export."""
+
+
+@dataclass(kw_only=True)
+class Settings:
+    model: ModelSettings
+    kernels: KernelSettings
+    device: DeviceSettings
+    run: RunSettings
+    hf: HFSettings
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelSettings,
+    "kernels": KernelSettings,
+    "device": DeviceSettings,
+    "run": RunSettings,
+    "hf": HFSettings,
+}
+
+
+def parse_settings(composed: Mapping[str, Any]) -> Settings:
+    """Read the framework sections of the composed config, checking every key and type."""
+    return Settings(
+        **{name: apply_fields(cls(), composed.get(name) or {}, name) for name, cls in SECTIONS.items()}
+    )

@@ -1,0 +1,223 @@
+"""The device seam: the only module that knows cpu / cuda / neuron.
+
+The launcher asks it which device to use (`resolve_device`), how many ranks to start
+(`default_nproc`), which environment the workers get (`worker_env`) and which torchtitan
+overrides the device needs (`override_imports`). Each worker calls `install(device)` before it
+imports torchtitan, which makes stock torchtitan 0.3.0 run on that device.
+
+On CPU, `install` applies the fixes measured in shared/notes/torchtitan-0.3.0-on-cpu.md. Each fix
+is applied only when a probe shows the capability it supplies is missing (never by version
+string), and applying it twice changes nothing.
+
+Process-group backend: torchtitan picks it itself (distributed/utils.py `init_distributed`):
+`torch.distributed.Backend.default_device_backend_map[device_type]` - gloo for cpu, nccl for
+cuda, and whatever torch-neuronx registers for neuron - with ",cpu:gloo" appended when
+`training.enable_cpu_offload` is set. Nothing needs setting as long as torchtitan's
+`device_type` is right (fix 1); `dist_backend` reports the same choice for the launcher.
+
+Neuron: torch-neuronx (TorchNeuron) registers the `neuron` device (PrivateUse1, `torch.neuron`)
+and the `neuron` process-group backend; it is never imported when this module is imported. What a
+trn2.48xlarge run needs beyond torchtitan's own device pick:
+- 64 ranks per node: 16 Trainium2 chips x 8 physical NeuronCores, paired by LNC=2
+  (`NEURON_LOGICAL_NC_CONFIG=2`, `worker_env`; the compiler's `--logical-nc-config` must match);
+- `compile.backend=neuron` (TorchNeuron's TorchDynamo backend; torchtitan passes
+  `compile.backend` to `torch.compile`), set by the plan unless the user chose one
+  (`compile_backend`);
+- no FlexAttention: torchtitan refuses a non-inductor compile backend for FlexAttention models, so
+  `override_imports` swaps it for SDPA on the same mask (`kernels/neuron_attention.py`) and
+  `install` does the same for the HF backend;
+- neuronx-cc flags and a persistent NEFF cache (`compiler_env`).
+A dry run may plan for a device that is not here (`resolve_device(..., dry_run=True)`); the plan
+then says so (`unavailable_reason`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import types
+
+import torch
+
+from qwen3_neuron.errors import DeviceUnavailableError
+
+DEVICE_TYPES = ("cpu", "cuda", "neuron")
+
+NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
+# trn2.48xlarge: 16 Trainium2 chips x 8 physical NeuronCores, paired into logical cores by LNC=2.
+TRN2_48XLARGE_LOGICAL_CORES = 64
+TRN2_LOGICAL_NC_CONFIG = "2"
+CPU_RANKS = 2  # the CPU path is 2-rank FSDP on gloo: the smallest setup that exercises sharding
+
+_PROCESS_GROUP_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "neuron": "neuron"}
+# Fix 4, as an override.imports entry (a string, so the launcher need not import torchtitan).
+SDPA_FOR_FLEX_OVERRIDE = "qwen3_neuron.kernels.attention.sdpa.sdpa_for_flex"
+# Neuron compiles no FlexAttention: the same SDPA computation, in a module torchtitan lets
+# compile.backend=neuron compile (kernels/neuron_attention.py says why).
+NEURON_ATTENTION_OVERRIDE = "qwen3_neuron.kernels.attention.neuron.sdpa_for_neuron"
+_COMPILE_BACKENDS = {"neuron": "neuron"}  # cpu/cuda: torchtitan's default (inductor)
+# neuronx-cc flags for trn2 training (NEURON_CC_FLAGS, read by TorchNeuron's compile path): the
+# target, the LNC that must match NEURON_LOGICAL_NC_CONFIG, and transformer-tuned scheduling.
+TRN2_NEURON_CC_FLAGS = f"--target=trn2 --logical-nc-config={TRN2_LOGICAL_NC_CONFIG} --model-type=transformer"
+
+
+# ---- launcher side ---------------------------------------------------------------------------
+
+
+def resolve_device(requested: str, *, dry_run: bool = False) -> str:
+    """`auto` -> neuron, else cuda, else cpu; an explicit device is checked, never swapped.
+
+    `dry_run=True` plans for an explicit device even when it is not here (nothing will run);
+    `unavailable_reason` then says what is missing, for the plan to state it."""
+    if requested == "auto":
+        if _neuron_problem() is None:
+            return "neuron"
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested not in DEVICE_TYPES:
+        raise DeviceUnavailableError(
+            f"unknown device {requested!r}: choose one of auto, {', '.join(DEVICE_TYPES)}"
+        )
+    problem = unavailable_reason(requested)
+    if problem is not None and not dry_run:
+        raise DeviceUnavailableError(f"device={requested} is not available: {problem}")
+    return requested
+
+
+def unavailable_reason(device_type: str) -> str | None:
+    """Why `device_type` cannot run here (what to install or check), or None when it can."""
+    _check_known(device_type)
+    return {"cpu": lambda: None, "cuda": _cuda_problem, "neuron": _neuron_problem}[device_type]()
+
+
+def default_nproc(device_type: str) -> int:
+    """Ranks per node: one per accelerator (per logical NeuronCore), `CPU_RANKS` on CPU."""
+    _check_known(device_type)
+    if device_type == "cpu":
+        return CPU_RANKS
+    if device_type == "cuda":
+        return torch.cuda.device_count()
+    neuron = _torch_neuron_module()
+    if neuron is not None and neuron.is_available():
+        return neuron.device_count()  # documented torch.neuron API, counts logical cores
+    return TRN2_48XLARGE_LOGICAL_CORES
+
+
+def dist_backend(device_type: str) -> str:
+    """The process-group backend torchtitan will pick for this device (see module docstring)."""
+    _check_known(device_type)
+    return _PROCESS_GROUP_BACKENDS[device_type]
+
+
+def worker_env(device_type: str, nproc: int | None = None) -> dict[str, str]:
+    """Environment variables the launcher adds for the workers: defaults, so a value the user
+    already exported should be kept."""
+    _check_known(device_type)
+    if device_type == "cpu":
+        # torchrun would set 1 thread per rank; split the cores between the ranks instead.
+        ranks = nproc or default_nproc("cpu")
+        return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // ranks))}
+    if device_type == "neuron":
+        # Logical NeuronCore = 2 physical cores (Trn2's default, stated so the rank count holds);
+        # docs: about-neuron/arch/neuron-features/logical-neuroncore-config.
+        return {"NEURON_LOGICAL_NC_CONFIG": TRN2_LOGICAL_NC_CONFIG}
+    return {}
+
+
+def override_imports(device_type: str, model_kind: str) -> list[str]:
+    """`override.imports` entries the device needs for a model kind (`hf`, `native`, `moe`)."""
+    _check_known(device_type)
+    if model_kind == "hf":
+        return []  # the HF backend gets its SDPA from install() instead
+    if device_type == "cpu" and not _flex_attention_trains_on_cpu():
+        return [SDPA_FOR_FLEX_OVERRIDE]
+    if device_type == "neuron":
+        return [NEURON_ATTENTION_OVERRIDE]
+    return []
+
+
+def compile_backend(device_type: str) -> str | None:
+    """The `compile.backend` the device needs when `compile.enable=true`; None: torchtitan's
+    default (inductor). TorchNeuron lowers through its own backend, not inductor."""
+    _check_known(device_type)
+    return _COMPILE_BACKENDS.get(device_type)
+
+
+def compiler_env(device_type: str) -> dict[str, str]:
+    """Compiler/runtime variables the device's workers need, minus those the user exported
+    (theirs are kept: the launcher passes its own environment on)."""
+    _check_known(device_type)
+    if device_type != "neuron":
+        return {}
+    wanted = {
+        "NEURON_CC_FLAGS": TRN2_NEURON_CC_FLAGS,
+        # TorchNeuron's persistent NEFF cache (by default under /tmp, lost with it): compiled
+        # graphs are reused across runs and by every rank; on a cluster point it at a shared dir.
+        "TORCH_NEURONX_NEFF_CACHE_DIR": os.path.expanduser("~/.cache/qwen3_neuron/neff"),
+    }
+    return {name: value for name, value in wanted.items() if name not in os.environ}
+
+
+# ---- device availability ---------------------------------------------------------------------
+
+
+def _check_known(device_type: str) -> None:
+    if device_type not in DEVICE_TYPES:
+        raise ValueError(f"unknown device type {device_type!r}: expected one of {DEVICE_TYPES}")
+
+
+def _cuda_problem() -> str | None:
+    if torch.cuda.is_available():
+        return None
+    if torch.version.cuda is None:
+        return (
+            f"this torch ({torch.__version__}) is a CPU-only build. Install a CUDA build, e.g. "
+            "`pip install torch --index-url https://download.pytorch.org/whl/cu128`, "
+            "on a machine with an NVIDIA GPU."
+        )
+    return (
+        f"torch is built for CUDA {torch.version.cuda} but sees no GPU "
+        "(check `nvidia-smi` and CUDA_VISIBLE_DEVICES)."
+    )
+
+
+def _neuron_problem() -> str | None:
+    if importlib.util.find_spec("torch_neuronx") is None:
+        return (
+            "torch-neuronx is not installed. It is not on PyPI: on a Trainium (trn2/trn3) "
+            "instance run `pip install torch-neuronx --extra-index-url "
+            f"{NEURON_PIP_INDEX}` (see the AWS Neuron setup guide)."
+        )
+    neuron = _torch_neuron_module()
+    if neuron is None:
+        return "torch-neuronx is installed but failed to import or did not register torch.neuron."
+    if not neuron.is_available():
+        return "torch-neuronx is installed but sees no Neuron device (check `neuron-ls`)."
+    return None
+
+
+def _torch_neuron_module() -> types.ModuleType | None:
+    """`torch.neuron`, importing torch-neuronx lazily; None when it is not installed."""
+    if importlib.util.find_spec("torch_neuronx") is None:
+        return None
+    try:
+        importlib.import_module("torch_neuronx")
+    except ImportError:
+        return None
+    return getattr(torch, "neuron", None)
+
+
+@functools.cache
+def _flex_attention_trains_on_cpu() -> bool:
+    """Probe: does flex_attention accept inputs that require grad on CPU? (not in torch 2.13)"""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q_BNLH = torch.zeros(1, 1, 16, 16, requires_grad=True)
+    try:
+        flex_attention(q_BNLH, q_BNLH, q_BNLH).sum().backward()
+    except NotImplementedError:  # "FlexAttention does not support backward on CPU"
+        return False
+    return True

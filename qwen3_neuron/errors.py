@@ -1,0 +1,38 @@
+"""The project's errors: one base class, so a caller can catch everything the framework raises
+on purpose. Each also keeps the builtin base that says what kind of failure it is."""
+
+
+class Qwen3NeuronError(Exception):
+    """Base of every error the framework raises on purpose."""
+
+
+class ConfigError(Qwen3NeuronError, ValueError):
+    """Bad input found at plan time; the message names the key and what would be valid."""
+
+
+class DeviceUnavailableError(Qwen3NeuronError, ValueError):
+    """The requested device cannot be used here; the message says what is missing."""
+
+
+class UnsupportedModel(Qwen3NeuronError, ValueError):
+    """A model that cannot be described in Transformers' terms (config.json)."""
+
+
+class NotAModelDir(Qwen3NeuronError, ValueError):
+    """The dir lacks what makes it an HF model dir (config.json, weights)."""
+
+
+class ExportError(Qwen3NeuronError, RuntimeError):
+    """The HF export after training could not be made; nothing was left under its name."""
+
+
+class FirstLossError(Qwen3NeuronError, RuntimeError):
+    """The first-step loss says the initial weights did not load (hf.first_loss_check=fail)."""
+
+
+class JobFailed(Qwen3NeuronError, RuntimeError):
+    """Raised to Hydra's sweeper for a failed job when the sweep should stop."""
+
+
+class NkiUnavailableError(Qwen3NeuronError, ImportError):
+    """NKI kernels were asked for where NKI / torch-neuronx cannot be imported."""

@@ -1,0 +1,1 @@
+"""Attention overrides: `sdpa` (CPU, and the shared SDPA-on-BlockMask math) and `neuron`."""

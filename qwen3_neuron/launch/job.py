@@ -1,0 +1,170 @@
+"""One job, as Hydra hands it to launch.py: plan -> record -> torchrun -> export -> report.
+
+A single run and each job of a sweep go through `run_job`. It never exits the process: Hydra's
+job-end callbacks and log flushing run after it, and `exit_code()` decides the launch's exit
+code once, for single runs and sweeps alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from qwen3_neuron.config.hydra_setup import register_resolvers
+from qwen3_neuron.config.plan import Plan, make_plan
+from qwen3_neuron.config.resume import resumed_config
+from qwen3_neuron.errors import ConfigError, ExportError
+from qwen3_neuron.hf_io.export import export_after_training
+from qwen3_neuron.launch import slurm
+from qwen3_neuron.launch.process import run_torchrun
+from qwen3_neuron.launch.progress import Progress
+from qwen3_neuron.launch.record import write_record
+from qwen3_neuron.report.hydra_callbacks import sweep_exit_code
+from qwen3_neuron.report.loss_check import check_run
+from qwen3_neuron.report.peak_flops import peak_for_plan, write_run_dir_peak
+from qwen3_neuron.report.summary import summarize, sweep_job_value, sweep_stop_reason, write_summary
+from qwen3_neuron.run_dir import METRICS_FILE
+
+CONFIG_ERROR_EXIT = 2
+
+_single_run_exit: int | None = None  # set by a single run; a sweep's comes from its jobs' summaries
+
+
+def run_job(cfg: DictConfig) -> float | None:
+    """A single run records its exit code; a sweep job returns its objective to the sweeper
+    (None when it failed: recorded, and the sweep goes on unless run.stop_on_failure)."""
+    register_resolvers()  # a SLURM job resolves the config in a process of its own
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: a user's kernel module beside them imports
+    hydra_config = HydraConfig.get()
+    job = _Job(
+        run_dir=Path(hydra_config.runtime.output_dir).resolve(),
+        single_run=hydra_config.mode == RunMode.RUN,
+        label="" if hydra_config.mode == RunMode.RUN else f"#{hydra_config.job.num}",
+        sweep_dir=None if hydra_config.mode == RunMode.RUN else Path(hydra_config.sweep.dir).resolve(),
+    )
+    stopped_by = job.sweep_dir and sweep_stop_reason(job.sweep_dir)
+    if stopped_by:
+        write_summary(job.run_dir, summarize(job.run_dir, "skipped", 0.0, error=f"not run: {stopped_by}"))
+        return None
+    try:
+        composed = OmegaConf.to_container(cfg, resolve=True)
+        if composed["run"]["resume"]:
+            composed = resumed_config(job.run_dir, composed, list(hydra_config.overrides.task))
+        composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
+        plan = make_plan(composed, job.run_dir)
+    except (ConfigError, OmegaConfBaseException) as e:
+        return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
+    write_record(job.run_dir, {**composed, "device": {"type": plan.device}}, plan)
+    if plan.settings.run.dry_run:
+        _print_plan(plan, job.run_dir)
+        return job.finish(0)
+    return job.train(plan)
+
+
+def exit_code() -> int:
+    """The launch's exit code: a single run's (0 completed or dry run, 1 failed or interrupted,
+    2 config error); after a sweep, 1 if any of its jobs failed."""
+    swept = sweep_exit_code()
+    return swept if swept is not None else (_single_run_exit or 0)
+
+
+class _Job:
+    def __init__(self, run_dir: Path, single_run: bool, label: str, sweep_dir: Path | None):
+        self.run_dir, self.single_run, self.label, self.sweep_dir = run_dir, single_run, label, sweep_dir
+
+    def finish(self, code: int, value: float | None = None) -> float | None:
+        global _single_run_exit
+        if self.single_run:
+            _single_run_exit = code
+        return value
+
+    def config_error(self, error: Exception, stop_on_failure: bool) -> float | None:
+        print(f"Config error: {error}", file=sys.stderr)
+        if self.single_run:
+            _discard_hydra_only_dir(self.run_dir)
+            return self.finish(CONFIG_ERROR_EXIT)
+        # a sweep job: its dir stays, with a summary the sweep table reads
+        summary = summarize(self.run_dir, "failed", 0.0, error=f"config error: {error}", exit_code=CONFIG_ERROR_EXIT)
+        write_summary(self.run_dir, summary)
+        return sweep_job_value(
+            summary, "final_loss", stop_on_failure=stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
+        )
+
+    def train(self, plan: Plan) -> float | None:
+        run = plan.settings.run
+        write_run_dir_peak(self.run_dir, peak_for_plan(plan), ranks=plan.world_size)
+        steps = plan.trainer_config.training.steps
+        progress = None if run.verbose else Progress(self.run_dir / METRICS_FILE, steps, self.label)
+        start = time.time()
+        result = run_torchrun(plan.command, plan.env, self.run_dir, progress=progress)
+        if run.node_rank > 0:  # multi-node: node 0 exports, checks and writes the job's summary
+            print(f"[qwen3-neuron] node {run.node_rank}: torchrun exited {result.returncode}; node 0 reports the job")
+            return self.finish(result.returncode)
+        status = "interrupted" if result.interrupted_by else ("completed" if result.returncode == 0 else "failed")
+        exit_code, extra = result.returncode, {}
+        if result.interrupted_by:
+            extra["error"] = f"interrupted by {result.interrupted_by}"
+        if status == "completed":  # every rank has finished writing: the HF save is complete
+            try:
+                export_dir = export_after_training(plan.trainer_config, self.run_dir, plan.settings.hf.export_dir)
+                extra["export_dir"] = str(export_dir) if export_dir else None
+            except ExportError as e:
+                print(f"[qwen3-neuron] export failed: {e}", file=sys.stderr)
+                status, exit_code, extra["error"] = "failed", 1, f"export failed: {e}"
+        summary = summarize(
+            self.run_dir, status, time.time() - start,
+            exit_code=exit_code, overrides=plan.replacements_by_override(), **extra,
+        )  # fmt: skip
+        mode = plan.settings.hf.first_loss_check
+        verdict = check_run(summary["first_loss"], plan.trainer_config, mode, warn=lambda m: print(m, file=sys.stderr))
+        if verdict.fails(mode):
+            exit_code = exit_code or 1
+            summary.update(status="failed", exit_code=exit_code, error=summary["error"] or verdict.message)
+        summary.update(verdict.summary_fields(mode))  # first_loss, random_init_loss_reference, first_loss_check
+        write_summary(self.run_dir, summary)
+        print(f"[qwen3-neuron] {_one_line(summary)}\n[qwen3-neuron] run dir: {self.run_dir}")
+        code = exit_code or (1 if summary["status"] != "completed" else 0)
+        value = None
+        if not self.single_run:
+            value = sweep_job_value(
+                summary, run.objective, stop_on_failure=run.stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
+            )
+        return self.finish(code, value)
+
+
+def _one_line(summary: dict) -> str:
+    shown = {k: v for k, v in summary.items() if k != "overrides" and v is not None}
+    return f"{summary['status']}: {json.dumps(shown)}"
+
+
+def _print_plan(plan: Plan, run_dir: Path) -> None:
+    config = plan.trainer_config.to_dict()
+    spec = config["model_spec"]
+    config["model_spec"] = f"{spec['name']} {spec['flavor']} (full model config: trainer_config.json)"
+    print(json.dumps(config, indent=2, default=repr))
+    print(f"\n[qwen3-neuron] device: {plan.device}, world size {plan.world_size}")
+    for line in plan.replacements:
+        print(f"[qwen3-neuron] {line}")
+    for note in plan.notes:
+        print(f"[qwen3-neuron] note: {note}")
+    print(f"[qwen3-neuron] command: {plan.command_line()}")
+    print(f"[qwen3-neuron] dry run: nothing started; record in {run_dir}")
+
+
+def _discard_hydra_only_dir(run_dir: Path) -> None:
+    """A config error leaves nothing behind: drop the run dir Hydra made for this launch."""
+    if not run_dir.exists() or {p.name for p in run_dir.iterdir()} - {".hydra", "launch.log"}:
+        return
+    shutil.rmtree(run_dir)
+    if not any(run_dir.parent.iterdir()):
+        run_dir.parent.rmdir()  # the date folder, if this launch made it

@@ -1,0 +1,90 @@
+"""Stage 4, launch: run the planned torchrun command as a subprocess.
+
+torchrun gets its own process group so that Ctrl-C / SIGTERM reach it through the launcher once:
+the launcher forwards the signal, torchrun stops its workers, and if it does not within a grace
+period the whole group is killed. Worker output always goes to `train.log`; on screen either
+all of it (verbose) or one live progress line fed by rank 0's metrics.jsonl (qwen3_neuron.launch.progress),
+with the end of train.log printed if the job fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwen3_neuron.launch.progress import Progress
+from qwen3_neuron.run_dir import LOG_FILE
+
+GRACE_SECONDS = 30
+FAILURE_TAIL_LINES = 30
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    interrupted_by: str | None  # signal name when the user stopped the run
+
+
+def run_torchrun(
+    command: list[str], env: dict[str, str], run_dir: Path, progress: Progress | None = None
+) -> LaunchResult:
+    """`progress=None`: torchrun's output on screen as it comes (verbose); else that progress
+    line, and train.log's last lines on screen if the job fails."""
+    process = subprocess.Popen(
+        command,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    received: list[int] = []
+
+    def forward(signum, _frame):
+        received.append(signum)
+        _signal_group(process, signum)
+        kill_later = threading.Timer(GRACE_SECONDS, _signal_group, (process, signal.SIGKILL))
+        kill_later.daemon = True
+        kill_later.start()
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    tail: deque[bytes] = deque(maxlen=FAILURE_TAIL_LINES)
+    try:
+        if progress is not None:
+            progress.start()
+        _tee(process, run_dir / LOG_FILE, echo=progress is None, tail=tail)
+        returncode = process.wait()
+    finally:
+        if progress is not None:
+            progress.stop()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if progress is not None and returncode != 0 and not received:
+        sys.stderr.write(f"[qwen3-neuron] the job failed; the end of {run_dir / LOG_FILE}:\n")
+        sys.stderr.write(b"".join(tail).decode(errors="replace"))
+        sys.stderr.flush()
+    interrupted_by = signal.Signals(received[0]).name if received else None
+    return LaunchResult(returncode, interrupted_by)
+
+
+def _tee(process: subprocess.Popen, log_path: Path, echo: bool, tail: deque) -> None:
+    with open(log_path, "ab") as log:
+        for line in process.stdout:
+            if echo:
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
+            log.write(line)
+            tail.append(line)
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            pass

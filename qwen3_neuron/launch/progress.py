@@ -1,0 +1,138 @@
+"""Live progress of one job in the launcher's terminal, read from rank 0's `metrics.jsonl`.
+
+    [qwen3-neuron] #2 model=moe  step 3/5  loss 7.2871  tok/s 1,234  mfu 1.20%  ETA 0:00:04
+
+A thread polls the file (every 0.5 s) while torchrun runs. On a terminal the line is rewritten in
+place (`\\r`); otherwise (a pipe, a CI log) one plain line is printed per logged step. The numbers
+are the ones torchtitan logged (see qwen3_neuron.worker.metrics); torchtitan's full log is in the run
+dir's train.log, and on screen with run.verbose=true instead of this line.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TextIO
+
+POLL_SECONDS = 0.5
+PREFIX = "[qwen3-neuron]"
+
+
+class Progress:
+    def __init__(self, metrics_path: Path, total_steps: int, label: str = "", stream: TextIO | None = None):
+        self._path = Path(metrics_path)
+        self._total = total_steps
+        self._label = label
+        self._stream = stream or sys.stdout
+        self._tty = self._stream.isatty()
+        self._offset = 0  # bytes of metrics.jsonl already read
+        self._pending = b""  # a line the writer has not finished yet
+        self._first: dict[str, Any] | None = None
+        self._last: dict[str, Any] | None = None
+        self._start = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+        self._width = 0  # of the line last drawn on a terminal
+
+    def __enter__(self) -> Progress:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._start = time.monotonic()
+        # a resumed run appends to its metrics.jsonl: show this launch's steps only
+        self._offset = self._path.stat().st_size if self._path.exists() else 0
+        if not self._tty:
+            self._emit(self.line())  # "starting": a pipe sees the job begin
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Read what is left, draw the last state and end the line."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        new = self._poll()
+        if self._tty:
+            self._draw(self.line())
+            self._stream.write("\n")
+            self._stream.flush()
+        elif new:
+            self._emit(self.line())
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            new = self._poll()
+            if self._tty:
+                self._draw(self.line())  # redrawn even without news: the clock moves
+            elif new:
+                self._emit(self.line())
+
+    def _poll(self) -> bool:
+        """Read records appended since the last poll; True when there were any."""
+        try:
+            with open(self._path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return False
+        self._offset += len(chunk)
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        records = []
+        for line in lines:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+        if records:
+            self._first = self._first or records[0]
+            self._last = records[-1]
+        return bool(records)
+
+    def line(self) -> str:
+        label = f" {self._label}" if self._label else ""
+        last = self._last
+        if last is None:
+            return f"{PREFIX}{label}  starting ({_clock(time.monotonic() - self._start)})"
+        parts = [f"step {last['step']}/{self._total}", f"loss {last.get('loss', float('nan')):.4f}"]
+        if last.get("tokens_per_second") is not None:
+            parts.append(f"tok/s {last['tokens_per_second']:,.0f}")
+        if last.get("mfu") is not None:
+            parts.append(f"mfu {100 * last['mfu']:.2f}%")
+        eta = self._eta()
+        parts.append(f"ETA {_clock(eta)}" if eta is not None else "ETA --")
+        return f"{PREFIX}{label}  " + "  ".join(parts)
+
+    def _eta(self) -> float | None:
+        """Seconds left at the pace since the first logged step (step 1 carries start-up)."""
+        first, last = self._first, self._last
+        if first is None or last is None or last["step"] >= self._total:
+            return 0.0 if last is not None and last["step"] >= self._total else None
+        steps_done = last["step"] - first["step"]
+        if steps_done <= 0 or "elapsed_seconds" not in last:
+            return None
+        per_step = (last["elapsed_seconds"] - first["elapsed_seconds"]) / steps_done
+        return per_step * (self._total - last["step"])
+
+    def _draw(self, text: str) -> None:
+        width = shutil.get_terminal_size().columns - 1
+        text = text[:width]  # a wrapped line cannot be redrawn with \r
+        pad = " " * max(0, self._width - len(text))
+        self._stream.write(f"\r{text}{pad}")
+        self._stream.flush()
+        self._width = len(text)
+
+    def _emit(self, text: str) -> None:
+        self._stream.write(text + "\n")
+        self._stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    return str(timedelta(seconds=round(seconds)))

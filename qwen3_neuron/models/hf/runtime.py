@@ -1,0 +1,93 @@
+"""Fixes to torchtitan's Transformers backend as installed (torchtitan 0.3.0, transformers 5.23),
+part of the model model=hf builds; made lazily (importing them pulls in transformers).
+
+- `PinnedHFConfig`: keeps config.json's `attention_bias` / `mlp_bias`, which torchtitan's
+  `update_from_config` would set to False (a model with biases would drop them on load);
+- `HFModel.init_states`: also initialises the rotary `inv_freq` buffers (torchtitan rebuilds
+  them only from a `rope_init_fn` Transformers 5.x no longer keeps: loss NaN at step 1 with
+  trained weights) and the torchtitan MoE modules the backend swaps in (Transformers'
+  `_init_weights` does not know them: uninitialised router weights, the bf16 loss NaN on CPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def pinned_config_class():
+    global _PinnedHFConfig
+    if _PinnedHFConfig is None:
+        _PinnedHFConfig = _make_pinned_config_class()
+    return _PinnedHFConfig
+
+
+_PinnedHFConfig = None
+
+
+def _make_pinned_config_class():
+    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+    from torchtitan.protocols.module import Module
+
+    class HFModel(HFTransformerModel):
+        """HFTransformerModel whose init also covers the torchtitan MoE modules it swaps in."""
+
+        def init_states(self, *, buffer_device=None) -> None:
+            super().init_states(buffer_device=buffer_device)
+            _init_rotary_buffers(self.model)
+            for layer in self.layers.values():
+                moe = getattr(layer, "moe", None)
+                if isinstance(moe, Module):
+                    moe.init_states(buffer_device=buffer_device)
+
+    class PinnedHFConfig(HFTransformerModel.Config):
+        """HFTransformerModel.Config that keeps config.json's `PINNED_FROM_HF` fields."""
+
+        _owner = HFModel
+
+        def __init__(self, model_config, pinned_from_hf: dict[str, Any] | None = None, **kwargs):
+            super().__init__(model_config, **kwargs)
+            self._pinned_from_hf = dict(pinned_from_hf or {})
+
+        def update_from_config(self, *, config=None, **kwargs):
+            super().update_from_config(config=config, **kwargs)
+            for name, value in self._pinned_from_hf.items():
+                setattr(self, name, value)
+            return self
+
+    return PinnedHFConfig
+
+
+def _init_rotary_buffers(hf_model) -> None:
+    """Recompute every rotary embedding's `inv_freq` (and `original_inv_freq`) buffer.
+
+    They are non-persistent buffers computed in `__init__`, so after torchtitan's meta-device
+    build and `to_empty()` they hold uninitialised memory, and no checkpoint restores them.
+    torchtitan recomputes them only from a `rope_init_fn` attribute, which Transformers 5.x
+    rotary classes no longer keep (it is a local in `__init__`): positions then rotate by
+    garbage frequencies (first loss ~14 instead of ~ln V on the tiny model). Same choice as
+    their `__init__`: `compute_default_rope_parameters` for "default", else the registry entry.
+    """
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    for module in hf_model.modules():
+        if not hasattr(module, "inv_freq") or not hasattr(module, "rope_type"):
+            continue
+        if module.rope_type == "default" and hasattr(module, "compute_default_rope_parameters"):
+            rope_init = module.compute_default_rope_parameters
+        else:
+            rope_init = ROPE_INIT_FUNCTIONS[module.rope_type]
+        inv_freq, attention_scaling = rope_init(module.config, device=torch.device("cpu"))
+        with torch.no_grad():
+            for name in ("inv_freq", "original_inv_freq"):
+                buffer = getattr(module, name, None)
+                if isinstance(buffer, torch.Tensor):
+                    _local(buffer).copy_(inv_freq.to(dtype=buffer.dtype))
+        module.attention_scaling = attention_scaling
+
+
+def _local(tensor):
+    """The local shard of a DTensor (rotary buffers are replicated), or the tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+

@@ -1,0 +1,127 @@
+"""Stage 6, report: `summary.json` from the run's `metrics.jsonl` and how the job ended; what a
+sweep job hands back to Hydra's sweeper."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from qwen3_neuron.errors import JobFailed
+from qwen3_neuron.run_dir import (
+    FAILURE_FILE,
+    LOG_FILE,
+    PEAK_FLOPS_FILE,
+    STOP_FILE,
+    SUMMARY_FILE,
+    read_json,
+    read_metrics,
+    write_json,
+)  # fmt: skip
+
+_RANK_PREFIX = re.compile(r"^(?:\[(?:rank|default)\d+\]: ?)+")  # torchrun's, once per layer of tee
+_ROOT_CAUSE = re.compile(r"Root Cause.*?\brank\s*:\s*(?P<rank>\d+).*?error_file:\s*(?P<error_file>\S+)", re.S)
+
+
+def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> dict[str, Any]:
+    records = read_metrics(run_dir)
+    # Step 1 carries start-up (compile, first allocations): throughput is the median after it.
+    steady = [r["tokens_per_second"] for r in records[1:] if "tokens_per_second" in r]
+    peaks = [r["peak_memory_gib"] for r in records if "peak_memory_gib" in r]
+    tokens_per_second = statistics.median(steady) if steady else None
+    flops_per_token = records[-1].get("flops_per_token") if records else None
+    peak = read_json(run_dir / PEAK_FLOPS_FILE)
+    failure = read_json(run_dir / FAILURE_FILE) or {}
+    summary = {
+        "status": status,
+        "steps": records[-1]["step"] if records else 0,
+        "first_loss": records[0]["loss"] if records else None,
+        "final_loss": records[-1]["loss"] if records else None,
+        "tokens_per_second": tokens_per_second,
+        "mfu": _mfu(flops_per_token, tokens_per_second, peak),
+        "peak_memory_gib": max(peaks) if peaks else None,
+        "wall_seconds": round(wall_seconds, 3),
+        "error": None,
+        "flops_per_token": flops_per_token,
+        "peak_flops_per_rank": peak["flops_per_second"] if peak else None,
+        "peak_flops_source": peak["source"] if peak else None,
+        "ranks": peak["ranks"] if peak else None,
+        **failure,
+        **extra,
+    }
+    if status == "failed" and not summary["error"]:  # no failure.json: not a Python error on rank 0
+        summary["error"] = crash_error(run_dir, summary.get("exit_code"))
+    return summary
+
+
+def _mfu(flops_per_token: float | None, tokens_per_second: float | None, peak: dict | None) -> float | None:
+    """Model FLOPs utilisation, a fraction: the job's model FLOP/s over the peak of all its ranks
+    (per device the same as torchtitan's: flops/token x per-device tokens/s / per-device peak)."""
+    if not (flops_per_token and tokens_per_second and peak):
+        return None
+    return flops_per_token * tokens_per_second / (peak["flops_per_second"] * peak["ranks"])
+
+
+def crash_error(run_dir: Path, exit_code: int | None = None) -> str:
+    """The exception that ended the job: the root cause torchrun names (its error file, written
+    by torchtitan's @record), else the first traceback in train.log."""
+    log = run_dir / LOG_FILE
+    text = log.read_text(errors="replace") if log.exists() else ""
+    root = _ROOT_CAUSE.search(text)
+    if root:
+        message = _error_file_message(Path(root.group("error_file")))
+        if message:
+            return f"rank {root.group('rank')}: {message}"
+    return exception_line(text) or f"exit code {exit_code}; see {LOG_FILE}"
+
+
+def _error_file_message(path: Path) -> str | None:
+    try:
+        message = json.loads(path.read_text())["message"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    message = message.get("message") if isinstance(message, dict) else message
+    return str(message)[:500] if message else None
+
+
+def exception_line(text: str) -> str | None:
+    """`SomeError: message` of the first Python traceback in a log."""
+    in_traceback = False
+    for line in text.splitlines():
+        line = _RANK_PREFIX.sub("", line)
+        if line.startswith("Traceback (most recent call last):"):
+            in_traceback = True
+        elif in_traceback and line.strip() and not line[0].isspace():
+            return line.strip()[:500]
+    return None
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    write_json(run_dir / SUMMARY_FILE, summary)
+
+
+def sweep_job_value(
+    summary: dict[str, Any], objective: str, *, stop_on_failure: bool, sweep_dir: Path | None = None, job: str = ""
+) -> float | None:
+    """What a multirun job returns to Hydra's sweeper: the objective of a completed job; None for
+    a failed one, which the basic sweeper ignores and Optuna marks FAIL (its value is not a
+    number), never scores. An interrupted job, or with run.stop_on_failure=true a failed one,
+    stops the sweep: it leaves a note in the sweep dir that makes the jobs after it skip (Hydra
+    launches a whole batch before it looks at results) and raises JobFailed."""
+    status = summary["status"]
+    if status == "interrupted" or (status != "completed" and stop_on_failure):
+        reason = f"job {job} {status}: {summary.get('error') or 'see its run dir'}".replace("  ", " ")
+        if sweep_dir is not None:
+            (sweep_dir / STOP_FILE).write_text(reason + "\n")
+        raise JobFailed(reason)
+    value = summary.get(objective) if status == "completed" else None
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def sweep_stop_reason(sweep_dir: Path) -> str | None:
+    """Why an earlier job stopped this sweep, if one did."""
+    path = sweep_dir / STOP_FILE
+    return path.read_text().strip() if path.exists() else None

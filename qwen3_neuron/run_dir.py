@@ -1,0 +1,71 @@
+"""The run-dir contract: the files the launcher, the workers and the reports share, and how each
+is read or written. Both sides of torchrun import this module; it imports nothing of either.
+
+    <run dir>/job.yaml            the resolved composed config; workers rebuild from it
+    <run dir>/failure.json        rank 0's error and last good checkpoint, when training raised
+    <run dir>/train.log           torchrun's whole output
+    <run dir>/ranks/              torchrun's per-rank logs
+    <run dir>/metrics.jsonl       one record per logged step (rank that torchtitan picks)
+    <run dir>/peak_flops.json     the peak MFU is measured against
+    <run dir>/summary.json        how the run ended
+    <sweep dir>/.stop_sweep       left by a job that stops the sweep: later jobs skip
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+JOB_FILE = "job.yaml"
+FAILURE_FILE = "failure.json"
+LOG_FILE = "train.log"
+RANKS_LOG_DIR = "ranks"
+METRICS_FILE = "metrics.jsonl"
+PEAK_FLOPS_FILE = "peak_flops.json"
+SUMMARY_FILE = "summary.json"
+STOP_FILE = ".stop_sweep"
+
+
+def read_job(run_dir: Path) -> dict[str, Any]:
+    from omegaconf import OmegaConf  # the workers' only OmegaConf use: keep it off import
+
+    return OmegaConf.to_container(OmegaConf.load(run_dir / JOB_FILE))
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """One record per step, oldest first; a resumed run re-logs the steps after its checkpoint:
+    the last record of a step wins. A line still being written is skipped."""
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return []
+    by_step = {}
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        by_step[record["step"]] = record
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A run-dir JSON file (summary, failure, peak), or None when it is not there."""
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")
+
+
+def complete_steps(checkpoint_folder: Path) -> list[int]:
+    """Steps with a finished DCP checkpoint (`step-N/.metadata`, written last), oldest first:
+    torchtitan's own rule for which checkpoint it resumes from."""
+    if not checkpoint_folder.is_dir():
+        return []
+    steps = [
+        int(p.name.removeprefix("step-"))
+        for p in checkpoint_folder.glob("step-*")
+        if (p / ".metadata").exists()
+    ]
+    return sorted(steps)

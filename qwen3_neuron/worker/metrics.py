@@ -1,0 +1,115 @@
+"""torchtitan's MetricsProcessor, also writing each logged step to `<run dir>/metrics.jsonl`.
+
+The records come from the metrics dict torchtitan hands to its own loggers (TensorBoard/W&B), so
+they are the numbers torchtitan printed, not text parsed back out of a log. Only the rank that
+torchtitan picks for metrics writes the file.
+
+MFU: torchtitan divides by a peak from its own GPU table (A100's for any device it does not
+know, a CPU included). Here the peak is the one the launcher measured for this device, dtype and
+thread count (`peak_flops.json` in the run dir, see qwen3_neuron.report.peak_flops), so the MFU that
+torchtitan prints, logs to TensorBoard and that metrics.jsonl records is against that peak.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchtitan.components.metrics import BaseLogger, MetricsProcessor, _get_metrics_rank
+from torchtitan.config.override import derive, override
+from torchtitan.tools.logging import logger
+
+from qwen3_neuron.run_dir import METRICS_FILE, PEAK_FLOPS_FILE, read_json
+
+# torchtitan metric name -> metrics.jsonl field
+_FIELDS = {
+    "loss_metrics/global_avg_loss": "loss",
+    "loss_metrics/global_max_loss": "max_loss",
+    "grad_norm": "grad_norm",
+    "throughput(tps)": "tps_per_device",
+    "tflops": "tflops_per_device",
+    "memory/max_reserved(GiB)": "peak_memory_gib",
+}
+
+
+class JsonlLogger(BaseLogger):
+    """One JSON record per logged step, flushed at once so a killed run keeps its history."""
+
+    def __init__(self, path: str, world_size: int):
+        self._file = open(path, "a", encoding="utf-8")
+        # torchtitan's tps is per device (the tokens of one data-parallel replica / its
+        # non-data-parallel devices), so the job's tokens/s is tps x every rank.
+        self._world_size = world_size
+        self._start = time.time()
+        self.flops_per_token: int | None = None  # set by the processor once the model is built
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        record: dict[str, Any] = {"step": step}
+        record.update({name: float(metrics[key]) for key, name in _FIELDS.items() if key in metrics})
+        if "tps_per_device" in record:
+            record["tokens_per_second"] = record["tps_per_device"] * self._world_size
+        if self.flops_per_token:
+            record["flops_per_token"] = self.flops_per_token
+        mfu_percent = metrics.get("mfu(%)")
+        if mfu_percent is not None and math.isfinite(mfu_percent):
+            record["mfu"] = float(mfu_percent) / 100  # a fraction of the measured peak
+        record["elapsed_seconds"] = time.time() - self._start
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _Both(BaseLogger):
+    def __init__(self, *loggers: BaseLogger):
+        self._loggers = loggers
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        for each in self._loggers:
+            each.log(metrics, step)
+
+    def close(self) -> None:
+        for each in self._loggers:
+            each.close()
+
+
+class RunDirMetricsProcessor(MetricsProcessor):
+    @dataclass(kw_only=True, slots=True)
+    class Config(MetricsProcessor.Config):
+        pass
+
+    def __init__(self, config: Config, *, parallel_dims, dump_folder: str = "./outputs", **kwargs):
+        super().__init__(config, parallel_dims=parallel_dims, dump_folder=dump_folder, **kwargs)
+        self._jsonl: JsonlLogger | None = None
+        metrics_rank = _get_metrics_rank(
+            parallel_dims=parallel_dims, pp_schedule=kwargs.get("pp_schedule", "1F1B")
+        )
+        if torch.distributed.get_rank() == metrics_rank:
+            self._jsonl = JsonlLogger(os.path.join(dump_folder, METRICS_FILE), world_size=parallel_dims.world_size)
+            self.logger = _Both(self.logger, self._jsonl)
+        # replace the peak torchtitan took from its GPU table (see the module docstring)
+        peak = read_json(Path(dump_folder) / PEAK_FLOPS_FILE)
+        self.gpu_peak_flops = peak["flops_per_second"] if peak else math.nan
+        if peak:
+            logger.info(
+                f"[qwen3-neuron] MFU against {peak['flops_per_second']:.4g} FLOP/s per rank "
+                f"({peak['source']}: {peak['device_name']}, {peak['dtype']}); torchtitan's "
+                "'Peak FLOPS used for computing MFU' line below is its GPU table's and is not used"
+            )
+
+    def log(self, step: int, *args, **kwargs) -> None:
+        if self._jsonl is not None:
+            self._jsonl.flops_per_token = self.num_flops_per_token  # known once the model is built
+        super().log(step, *args, **kwargs)
+
+
+@override(target=MetricsProcessor.Config, description="metrics.jsonl in the run dir")
+def run_dir_metrics(config: MetricsProcessor.Config) -> RunDirMetricsProcessor.Config:
+    return derive(config, RunDirMetricsProcessor.Config)
