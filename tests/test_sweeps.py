@@ -22,7 +22,7 @@ from qwen3_neuron.config.plan import make_plan
 from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.report.peak_flops import PeakFlops, cache_path, peak_flops, training_dtype
 from qwen3_neuron.report.summary import JobFailed, crash_error, summarize, sweep_job_value
-from qwen3_neuron.report.sweep_table import COLUMNS, write_report
+from qwen3_neuron.report.sweep_table import COLUMNS, read_overrides, write_report
 
 # tiny and quick: every job of these sweeps starts one rank for three short steps
 SMALL = (
@@ -344,3 +344,18 @@ def test_training_dtype_follows_fsdp_mixed_precision(tmp_path, assets):
     assert training_dtype(config) == "float32"
     config.training.dtype = "bfloat16"
     assert training_dtype(config) == "bfloat16"
+
+
+def test_the_sweep_table_reads_overrides_as_hydra_parses_them(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(
+        "- +activation_checkpoint.mode=full\n- ~metrics\n- checkpointing=[from_hf,export_hf]\n"
+        "- optimizer.lr=1e-3\n- run.objective='final_loss'\n"
+    )
+    assert read_overrides(tmp_path) == {
+        "activation_checkpoint.mode": "full",
+        "metrics": "(deleted)",
+        "checkpointing": "[from_hf,export_hf]",
+        "optimizer.lr": "0.001",
+        "run.objective": "'final_loss'",  # as typed: Hydra keeps a quoted string quoted
+    }

@@ -14,6 +14,7 @@ import copy
 from pathlib import Path
 from typing import Any, Mapping
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from qwen3_neuron.errors import ConfigError
@@ -43,8 +44,7 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
 
 
 def _refuse_changes(recorded: Mapping, composed: Mapping, typed_overrides: list[str]) -> None:
-    for override in typed_overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
+    for key in _typed_keys(typed_overrides):
         if key.startswith(CHANGEABLE_ON_RESUME):
             continue
         before = OmegaConf.select(OmegaConf.create(recorded), key, default=None)
@@ -57,7 +57,12 @@ def _refuse_changes(recorded: Mapping, composed: Mapping, typed_overrides: list[
 
 
 def _typed(key: str, typed_overrides: list[str]) -> bool:
-    return any(o.lstrip("+~").split("=", 1)[0] == key for o in typed_overrides)
+    return key in _typed_keys(typed_overrides)
+
+
+def _typed_keys(typed_overrides: list[str]) -> list[str]:
+    """The keys (or group names) the command line set, added or deleted, as Hydra parses them."""
+    return [override.key_or_group for override in OverridesParser.create().parse_overrides(typed_overrides)]
 
 
 def _plain(value: Any) -> Any:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from qwen3_neuron.run_dir import STOP_FILE, SUMMARY_FILE, read_metrics
 
@@ -103,14 +104,11 @@ def read_overrides(run_dir: Path) -> dict[str, str]:
     path = run_dir / ".hydra" / "overrides.yaml"
     if not path.exists():
         return {}
-    overrides = {}
-    for item in yaml.safe_load(path.read_text()) or []:
-        key, has_value, value = str(item).partition("=")
-        if key.startswith("~"):
-            overrides[key[1:]] = "(deleted)"
-        else:
-            overrides[key.lstrip("+")] = value if has_value else ""
-    return overrides
+    parsed = OverridesParser.create().parse_overrides([str(item) for item in yaml.safe_load(path.read_text()) or []])
+    return {
+        override.key_or_group: "(deleted)" if override.is_delete() else override.get_value_element_as_str()
+        for override in parsed
+    }
 
 
 def varying_keys(jobs: list[Job]) -> list[str]:
