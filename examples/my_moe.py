@@ -29,7 +29,7 @@ How to write one, in four steps (each is in the code below):
    state dicts, checkpoints and the HF export are unchanged, and code that checks
    `isinstance(m, GroupedExperts)` keeps working. Override `forward` only. (With expert or
    tensor parallelism the weights arrive as DTensors: take `.to_local()` first, as
-   `qwen3_neuron/kernels/blockwise.py` does; this example skips that.)
+   `qwen3_neuron/kernels/moe/blockwise.py` does; this example skips that.)
 
 3. Nest a `Config` that subclasses `GroupedExperts.Config`, with
    `@dataclass(kw_only=True, slots=True)` (torchtitan enforces both) and a docstring under each

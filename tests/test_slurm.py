@@ -2,8 +2,7 @@
 Hydra sweep on a real SLURM (integration).
 
 The test starts a one-node cluster on localhost from Debian's slurm-wlm and munge
-(scripts/install_slurm.sh installs them; shared/notes/torchtitan-0.3.0-on-cpu.md has the config
-that works on this machine kind): munged, then slurmctld and slurmd with a slurm.conf it writes
+(scripts/install_slurm.sh installs them): munged, then slurmctld and slurmd with a slurm.conf it writes
 into tmp. It submits a 2-job sweep with hydra/launcher=local_slurm, waits for it, checks that
 both jobs trained inside SLURM and wrote their summary.json, and stops the daemons it started, by
 the PIDs in their pid files. Without SLURM, root or the launcher plugin it skips and says why.

@@ -1,11 +1,11 @@
-"""The device seam: the only module that knows cpu / cuda / neuron.
+"""The device seam, launcher side.
 
 The launcher asks it which device to use (`resolve_device`), how many ranks to start
 (`default_nproc`), which environment the workers get (`worker_env`) and which torchtitan
-overrides the device needs (`override_imports`). Each worker calls `install(device)` before it
-imports torchtitan, which makes stock torchtitan 0.3.0 run on that device.
+overrides the device needs (`override_imports`). Each worker calls `fixes.install(device)` before
+it imports torchtitan, which makes stock torchtitan 0.3.0 run on that device.
 
-On CPU, `install` applies the fixes measured in shared/notes/torchtitan-0.3.0-on-cpu.md. Each fix
+On CPU, `fixes.install` applies the fixes measured for torchtitan 0.3.0 on CPU. Each fix
 is applied only when a probe shows the capability it supplies is missing (never by version
 string), and applying it twice changes nothing.
 
@@ -24,7 +24,7 @@ trn2.48xlarge run needs beyond torchtitan's own device pick:
   `compile.backend` to `torch.compile`), set by the plan unless the user chose one
   (`compile_backend`);
 - no FlexAttention: torchtitan refuses a non-inductor compile backend for FlexAttention models, so
-  `override_imports` swaps it for SDPA on the same mask (`kernels/neuron_attention.py`) and
+  `override_imports` swaps it for SDPA on the same mask (`kernels/attention/neuron.py`) and
   `install` does the same for the HF backend;
 - neuronx-cc flags and a persistent NEFF cache (`compiler_env`).
 A dry run may plan for a device that is not here (`resolve_device(..., dry_run=True)`); the plan
@@ -57,7 +57,7 @@ _PROCESS_GROUP_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "neuron": "neuron"}
 # Fix 4, as an override.imports entry (a string, so the launcher need not import torchtitan).
 SDPA_FOR_FLEX_OVERRIDE = "qwen3_neuron.kernels.attention.sdpa.sdpa_for_flex"
 # Neuron compiles no FlexAttention: the same SDPA computation, in a module torchtitan lets
-# compile.backend=neuron compile (kernels/neuron_attention.py says why).
+# compile.backend=neuron compile (kernels/attention/neuron.py says why).
 NEURON_ATTENTION_OVERRIDE = "qwen3_neuron.kernels.attention.neuron.sdpa_for_neuron"
 _COMPILE_BACKENDS = {"neuron": "neuron"}  # cpu/cuda: torchtitan's default (inductor)
 # neuronx-cc flags for trn2 training (NEURON_CC_FLAGS, read by TorchNeuron's compile path): the

@@ -14,7 +14,7 @@ inductor, so on Neuron the attention must not be FlexAttention.
 - its module is *not* a `FlexAttention`, so torchtitan compiles the blocks with the configured
   backend (`neuron`) instead of refusing;
 - forward is `F.scaled_dot_product_attention` (an ATen op TorchNeuron implements) on the dense
-  mask of that BlockMask, the same computation as the CPU stand-in in `sdpa_attention.py`.
+  mask of that BlockMask, the same computation as the CPU stand-in in `sdpa.py`.
 
 Checked here on CPU (same outputs as FlexAttention, tests/test_parallelism.py); not run on a
 Neuron device from this project.

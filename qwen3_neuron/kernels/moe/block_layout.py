@@ -1,5 +1,5 @@
 """Block layout for blockwise MoE experts: the device-independent part shared by the
-plain-torch reference (`blockwise.py`) and the NKI kernel (`nki_moe.py`).
+plain-torch reference (`blockwise.py`) and the NKI kernel (`nki.py`).
 
 torchtitan hands the experts the routed rows already grouped by expert (`x_RD`, expert 0's
 rows first, then expert 1's, ...) plus the group sizes `num_tokens_per_expert_E`. The

@@ -98,7 +98,7 @@ def blockwise_swiglu(
     """Experts' SwiGLU on rows grouped by expert, computed block by block; keeps x's dtype.
 
     `block_mlp(x_GSD, block_to_expert_G, w1_EFD, w2_EDF, w3_EFD) -> y_GSD` does the per-block
-    matmuls (`torch_block_mlp` here, the NKI kernel in `nki_moe.py`). Padding rows are zero
+    matmuls (`torch_block_mlp` here, the NKI kernel in `nki.py`). Padding rows are zero
     and a SwiGLU without biases maps zero to zero, so padding contributes nothing anywhere.
     """
     R, D = x_RD.shape
