@@ -28,7 +28,7 @@ from qwen3_neuron.config.layout import check_layout
 from qwen3_neuron.config.settings import SECTIONS, Settings, parse_settings
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
-from qwen3_neuron.launch.torchrun import torchrun_args
+from qwen3_neuron.config.torchrun import torchrun_args
 from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
 from qwen3_neuron.models.hf.model_dir import check_initial_hf_load
 from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec

@@ -1,0 +1,72 @@
+"""The arrows of the package layout: launch -> config -> models/devices/kernels; the workers never
+import the launcher's side or Hydra; the run-dir contract and the errors import nothing of ours.
+
+Read from the source (every import statement, also those inside functions), so a lazy import
+that crosses the boundary is caught as well.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "qwen3_neuron"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+GRAPH = {_module_name(path): _imports(path) for path in PACKAGE.rglob("*.py")}
+
+
+def _reachable(start: str) -> set[str]:
+    """Every module imported from `start`'s subpackage, transitively (ours and third-party)."""
+    seen, todo = set(), [m for m in GRAPH if m == start or m.startswith(start + ".")]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo += [m for m in GRAPH.get(module, ()) if m in GRAPH]
+        seen |= {m for m in GRAPH.get(module, ()) if m not in GRAPH}
+    return seen
+
+
+def _ours(modules: set[str], *subpackages: str) -> list[str]:
+    prefixes = tuple(f"qwen3_neuron.{name}" for name in subpackages)
+    return sorted(m for m in modules if m in GRAPH and m.startswith(prefixes))
+
+
+def test_the_workers_never_reach_the_launcher_side_or_hydra():
+    reached = _reachable("qwen3_neuron.worker")
+    assert _ours(reached, "launch", "report") == []
+    assert sorted(m for m in reached if m.split(".")[0] == "hydra") == []
+
+
+@pytest.mark.parametrize("subpackage", ["config", "models", "devices", "kernels", "hf_io", "assets"])
+def test_lower_layers_never_import_launch_worker_or_report(subpackage):
+    assert _ours(_reachable(f"qwen3_neuron.{subpackage}"), "launch", "worker", "report") == []
+
+
+@pytest.mark.parametrize("module", ["qwen3_neuron.run_dir", "qwen3_neuron.errors"])
+def test_the_shared_contract_imports_nothing_of_the_project(module):
+    assert [m for m in GRAPH[module] if m.startswith("qwen3_neuron")] == []
+
+
+def test_nothing_imports_the_entrypoint():
+    assert [m for m, imported in GRAPH.items() if "launch" in imported] == []
