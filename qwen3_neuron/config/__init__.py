@@ -3,6 +3,6 @@
 `hydra_setup` prepares Hydra's composition; `settings` and `fields` read the framework's and
 torchtitan's sections; `build` makes the Trainer.Config (the workers call it too, on the recorded
 job); `plan` checks it (`layout`: parallel degrees; `resume`: what a resumed run may change) and
-works out the torchrun command (`torchrun`: its arguments for one node of a job). Imports models/, devices/, kernels/ and torchtitan; never launch/,
-worker/ or report/.
+works out the torchrun command (`torchrun`: its arguments for one node of a job). Imports
+models/, devices/, kernels/ and torchtitan; never launch/, worker/ or report/.
 """
