@@ -35,8 +35,8 @@ from typing import Any
 
 from qwen3_neuron.assets.atomic_dir import building
 from qwen3_neuron.errors import ExportError, UnsupportedModel
-from qwen3_neuron.hf_io.verify import CONFIG_FILE, INDEX_FILE, check_model_dir
-from qwen3_neuron.models.hf.model_dir import native_architecture
+from qwen3_neuron.hf_io.verify import check_model_dir
+from qwen3_neuron.models.hf.model_dir import CONFIG_FILE, INDEX_FILE, native_architecture
 from qwen3_neuron.models.hf.spec import HF_BACKEND_NAME
 
 logger = logging.getLogger(__name__)

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen3_neuron.errors import NotAModelDir
+from qwen3_neuron.models.hf.model_dir import CONFIG_FILE, INDEX_FILE
 
-CONFIG_FILE = "config.json"
-INDEX_FILE = "model.safetensors.index.json"
 TIED_HEAD = "lm_head.weight"
 
 

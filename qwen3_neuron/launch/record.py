@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from qwen3_neuron.run_dir import FAILURE_FILE, JOB_FILE
+from qwen3_neuron.run_dir import FAILURE_FILE, JOB_FILE, write_json
 
 PACKAGES = ("torch", "torchtitan", "transformers", "hydra-core", "omegaconf", "safetensors", "tokenizers")
 
@@ -30,7 +30,7 @@ def write_record(run_dir: Path, job: dict[str, Any], plan) -> None:
         json.dumps(plan.trainer_config.to_dict(), indent=2, default=repr) + "\n"
     )
     (run_dir / "command.sh").write_text(f"#!/bin/sh\n{plan.command_line()}\n")
-    (run_dir / "versions.json").write_text(json.dumps(versions(), indent=2) + "\n")
+    write_json(run_dir / "versions.json", versions())
 
 
 def versions() -> dict[str, Any]:

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from qwen3_neuron.run_dir import PEAK_FLOPS_FILE
+from qwen3_neuron.run_dir import PEAK_FLOPS_FILE, write_json
 
 PEAK_CACHE_FILE = "peak_flops.json"
 
@@ -100,7 +100,7 @@ def peak_for_plan(plan) -> PeakFlops:
 
 def write_run_dir_peak(run_dir: Path, peak: PeakFlops, ranks: int) -> None:
     """`<run dir>/peak_flops.json`: what the workers' metrics and the summary compute MFU with."""
-    (run_dir / PEAK_FLOPS_FILE).write_text(json.dumps({**asdict(peak), "ranks": ranks}, indent=2) + "\n")
+    write_json(run_dir / PEAK_FLOPS_FILE, {**asdict(peak), "ranks": ranks})
 
 
 def peak_flops(

@@ -15,10 +15,10 @@ import sys
 
 from qwen3_neuron.devices.fixes import install
 from qwen3_neuron.devices.policy import override_imports, resolve_device
+from qwen3_neuron.models.hf.spec import HF_BACKEND_NAME
 
 DEVICE_FLAG = "--device"
 OVERRIDE_FLAG = "--override.imports"
-HF_BACKEND_MODULE = "transformers_modeling_backend"
 
 
 def split_device(argv: list[str]) -> tuple[str, list[str]]:
@@ -46,7 +46,7 @@ def model_kind(titan_args: list[str]) -> str:
             module = arg.split("=", 1)[1]
         else:
             continue
-        return "hf" if module.endswith(HF_BACKEND_MODULE) else "native"
+        return "hf" if module.endswith(HF_BACKEND_NAME) else "native"
     return "native"
 
 
