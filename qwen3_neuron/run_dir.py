@@ -7,6 +7,8 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/ranks/              torchrun's per-rank logs
     <run dir>/metrics.jsonl       one record per logged step (rank that torchtitan picks)
     <run dir>/peak_flops.json     the peak MFU is measured against
+    <run dir>/memory_estimate.json  the plan's tensor memory estimate per rank
+    <run dir>/tensor_memory.json  the tensor memory rank 0 measured while training
     <run dir>/summary.json        how the run ended
     <sweep dir>/.stop_sweep       left by a job that stops the sweep: later jobs skip
 """
@@ -23,6 +25,8 @@ LOG_FILE = "train.log"
 RANKS_LOG_DIR = "ranks"
 METRICS_FILE = "metrics.jsonl"
 PEAK_FLOPS_FILE = "peak_flops.json"
+MEMORY_ESTIMATE_FILE = "memory_estimate.json"
+TENSOR_MEMORY_FILE = "tensor_memory.json"
 SUMMARY_FILE = "summary.json"
 STOP_FILE = ".stop_sweep"
 

@@ -1,0 +1,394 @@
+"""Will it fit? The tensor memory one rank needs, estimated from the final Trainer.Config.
+
+    per rank = parameters + gradients + optimizer states      (local shards, exact sizes)
+             + activations: what autograd holds for backward at the end of forward
+             + recompute: one block rebuilt in backward under activation checkpointing
+
+- Parameters are counted on the model built on the meta device (torchtitan's own builder, as the
+  trainer does before parallelizing; well under a second for 32B) and sharded as the layout
+  shards them: TP splits the layers' matrices, FSDP/HSDP shard dim 0 over dp_shard x cp (FSDP2
+  pads dim 0 to a multiple of the degree: rank 0 holds ceil(dim0 / degree) rows), routed experts
+  are spread over dp_shard x cp x tp (EP or not), PP keeps 1/pp of the layers.
+- Gradients have the parameters' dtype (`training.dtype`); AdamW/Adam keep 2 states per parameter
+  (3 with amsgrad; bf16 with `optimizer.implementation=fused_opt_states_bf16`) plus a step scalar.
+- Activations are counted tensor by tensor as torchtitan's Qwen3 block and the Transformers
+  backend's save them (read off their saved-tensor lists, see `_layer_bytes`): matmul inputs in
+  the FSDP mixed-precision dtype (`training.mixed_precision_param`), norms and q/k norms in
+  float32, the dense attention mask of the SDPA-on-BlockMask attention (CPU, Neuron), the loss's
+  float32 log-probabilities (one chunk of them with torchtitan's ChunkedLossWrapper).
+  `training.seq_len` x `training.local_batch_size` tokens per rank, divided by cp; TP divides the
+  heads and hidden units (and, with sequence parallel, the norms); MoE routes top_k copies of
+  each token (balanced routing assumed). Full activation checkpointing keeps each block's input;
+  selective keeps the block input plus every other matmul output and the attention outputs.
+
+Not in the estimate: transient working memory (gradient buffers in flight, FSDP's all-gathered
+layer, allocator fragmentation) and what a compiler keeps. `bench/memory_estimate.py` compares
+the estimate with what runs measure (qwen3_neuron.worker.tensor_memory).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from qwen3_neuron.config.layout import Degrees, resolve_degrees
+from qwen3_neuron.errors import ConfigError
+
+GIB = 2**30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FLOAT32 = 4
+INT64 = 8
+
+# Trainium2 with LNC=2: 96 GiB HBM per chip, 4 logical NeuronCores (2 physical cores each).
+TRN2_GIB_PER_LOGICAL_CORE = 24
+
+STATES_PER_PARAMETER = {"Adam": 2, "AdamW": 2}
+# TP splits these matrices along dim 1 (row-wise parallel); the others along dim 0.
+ROWWISE = re.compile(r"(^|\.)(wo|w2|o_proj|down_proj)\.weight$|(^|\.)experts\.w2$")
+REPLICATED_UNDER_TP = re.compile(r"router|(^|\.)gate\.weight$")
+ROUTED_EXPERTS = re.compile(r"(^|\.)experts\.")
+LAYER = re.compile(r"(^|\.)layers\.")
+SDPA_ON_BLOCK_MASK = (
+    "qwen3_neuron.kernels.attention.sdpa.sdpa_for_flex",
+    "qwen3_neuron.kernels.attention.neuron.sdpa_for_neuron",
+)
+FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"
+
+
+@dataclass
+class MemoryEstimate:
+    per_rank_gib: float
+    device_gib: float | None
+    parameters_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    recompute_gib: float
+    device: str
+    ranks_per_node: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.device_gib is None or self.per_rank_gib <= self.device_gib
+
+    def parts(self) -> dict[str, float]:
+        return {
+            "parameters": self.parameters_gib,
+            "gradients": self.gradients_gib,
+            "optimizer states": self.optimizer_gib,
+            "activations": self.activations_gib,
+            "recompute": self.recompute_gib,
+        }
+
+    def line(self) -> str:
+        device = f"{self.device_gib:.1f} GiB" if self.device_gib is not None else "unknown"
+        shown = ", ".join(f"{name} {gib:.2f}" for name, gib in self.parts().items() if gib)
+        return f"memory per rank: {self.per_rank_gib:.2f} GiB of {device} ({self.device}) = {shown}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def estimate_memory(config, world_size: int, device: str, ranks_per_node: int) -> MemoryEstimate:
+    degrees = resolve_degrees(config.parallelism, world_size)
+    shape = _shape(config)
+    param_bytes = DTYPE_BYTES[config.training.dtype]
+    counts = _local_parameter_counts(config, degrees)
+    parameters = counts.elements * param_bytes
+    optimizer, notes = _optimizer_bytes(config, counts)
+    activations, recompute = _activation_bytes(config, shape, degrees, device)
+    parts = [parameters, parameters, optimizer, activations, recompute]
+    return MemoryEstimate(
+        per_rank_gib=sum(parts) / GIB,
+        device_gib=device_memory_gib(device, ranks_per_node),
+        parameters_gib=parameters / GIB,
+        gradients_gib=parameters / GIB,
+        optimizer_gib=optimizer / GIB,
+        activations_gib=activations / GIB,
+        recompute_gib=recompute / GIB,
+        device=device,
+        ranks_per_node=ranks_per_node,
+        notes=notes,
+    )
+
+
+def device_memory_gib(device: str, ranks_per_node: int) -> float | None:
+    """Memory one rank may use: a logical NeuronCore's HBM, a GPU's memory, or the CPU's system
+    memory shared by the node's ranks. None when it cannot be known here (CUDA not present)."""
+    if device == "neuron":
+        return float(TRN2_GIB_PER_LOGICAL_CORE)
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / ranks_per_node / GIB
+
+
+def check_fit(estimate: MemoryEstimate, config, mode: str, warn) -> None:
+    """run.memory_check: fail (ConfigError), warn, or off."""
+    if mode == "off" or estimate.fits:
+        return
+    message = _does_not_fit_message(estimate, config)
+    if mode == "fail":
+        raise ConfigError(message + " (run.memory_check=warn lets it start anyway.)")
+    warn(f"[qwen3-neuron] warning: {message}")
+
+
+def _does_not_fit_message(estimate: MemoryEstimate, config) -> str:
+    biggest = sorted(estimate.parts().items(), key=lambda item: -item[1])[:3]
+    training = config.training
+    static = estimate.parameters_gib + estimate.gradients_gib + estimate.optimizer_gib
+    shard = (
+        "more FSDP ranks (run.nnodes x run.nproc_per_node with parallelism.data_parallel_shard_degree=-1) "
+        "or parallelism.tensor_parallel_degree"
+    )
+    shrink = [
+        f"a smaller training.local_batch_size (now {training.local_batch_size})",
+        f"a smaller training.seq_len (now {training.seq_len})",
+    ]
+    if _ac_mode(config.activation_checkpoint) != "full":
+        shrink.insert(0, f"full activation checkpointing (+activation_checkpoint._target_={FULL_AC})")
+    hints = [shard, *shrink] if static > estimate.activations_gib else [*shrink, shard]
+    return (
+        f"the plan does not fit: {estimate.line()}. Biggest: "
+        + ", ".join(f"{name} {gib:.2f} GiB" for name, gib in biggest)
+        + f". What would bring it under: {'; '.join(hints)}."
+    )
+
+
+# ---- the model's numbers ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Shape:
+    backend: str  # "native" (torchtitan's Qwen3 modules) or "hf" (the Transformers backend)
+    n_layers: int
+    dim: int
+    vocab: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_hidden: int | None  # dense layers
+    num_experts: int | None = None
+    top_k: int | None = None
+    moe_hidden: int | None = None
+
+
+def _shape(config) -> _Shape:
+    model = config.model_spec.model
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, list) and layers and hasattr(layers[0], "attention"):
+        layer, attention = layers[0], layers[0].attention
+        moe = getattr(layer, "moe", None)
+        return _Shape(
+            backend="native",
+            n_layers=len(layers),
+            dim=model.dim,
+            vocab=model.vocab_size,
+            n_heads=attention.n_heads,
+            n_kv_heads=attention.n_kv_heads or attention.n_heads,
+            head_dim=attention.head_dim or model.dim // attention.n_heads,
+            ffn_hidden=layer.feed_forward.w1.out_features if layer.feed_forward is not None else None,
+            num_experts=moe.num_experts if moe is not None else None,
+            top_k=moe.router.top_k if moe is not None else None,
+            moe_hidden=moe.routed_experts.inner_experts.hidden_dim if moe is not None else None,
+        )
+    hf = json.loads((Path(config.hf_model) / "config.json").read_text(encoding="utf-8"))
+    hf = hf.get("text_config", hf)
+    experts = hf.get("num_experts") or None
+    return _Shape(
+        backend="hf",
+        n_layers=hf["num_hidden_layers"],
+        dim=hf["hidden_size"],
+        vocab=hf["vocab_size"],
+        n_heads=hf["num_attention_heads"],
+        n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+        ffn_hidden=None if experts else hf["intermediate_size"],
+        num_experts=experts,
+        top_k=hf.get("num_experts_per_tok") if experts else None,
+        moe_hidden=hf.get("moe_intermediate_size") if experts else None,
+    )
+
+
+# ---- parameters, gradients, optimizer states -------------------------------------------------
+
+
+@dataclass
+class _LocalCounts:
+    elements: int = 0  # parameter elements on the rank
+    tensors: int = 0  # parameter tensors (each gets an optimizer step scalar)
+    by_name: dict[str, int] = field(default_factory=dict)
+
+
+def meta_model(config):
+    """The model as the trainer builds it before parallelizing: on the meta device, no memory."""
+    import torch
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.tools import utils
+
+    model_config = copy.deepcopy(config.model_spec.model)
+    model_config.update_from_config(config=copy.deepcopy(config))
+    with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
+        return model_config.build()
+
+
+def _local_parameter_counts(config, degrees: Degrees) -> _LocalCounts:
+    counts = _LocalCounts()
+    fsdp = degrees.dp_shard * degrees.cp
+    for name, parameter in meta_model(config).named_parameters():
+        if not parameter.requires_grad:
+            continue
+        shape = list(parameter.shape)
+        if ROUTED_EXPERTS.search(name):
+            # EP splits the experts, FSDP/TP the rest of the ranks: all of dp_shard x cp x tp
+            shape[0] = math.ceil(shape[0] / (fsdp * degrees.tp))
+        else:
+            if degrees.tp > 1 and len(shape) >= 2 and not REPLICATED_UNDER_TP.search(name):
+                dim = 1 if ROWWISE.search(name) else 0
+                shape[dim] = math.ceil(shape[dim] / degrees.tp)
+            shape[0] = math.ceil(shape[0] / fsdp)  # FSDP2 pads dim 0: rank 0 holds a full chunk
+        local = math.prod(shape)
+        if degrees.pp > 1 and LAYER.search(name):
+            local = math.ceil(local / degrees.pp)  # each stage holds 1/pp of the layers
+        counts.elements += local
+        counts.tensors += 1
+        counts.by_name[name] = local
+    return counts
+
+
+def _optimizer_bytes(config, counts: _LocalCounts) -> tuple[int, list[str]]:
+    notes = []
+    optimizer = config.optimizer
+    groups = optimizer.param_groups
+    state_bytes = 2 if optimizer.implementation == "fused_opt_states_bf16" else DTYPE_BYTES[config.training.dtype]
+    total = 0
+    for name, local in counts.by_name.items():
+        group = next((g for g in groups if re.search(g.pattern, name)), groups[0])
+        states = STATES_PER_PARAMETER.get(group.optimizer_name)
+        if states is None:
+            states = 2
+            note = f"optimizer {group.optimizer_name}: assumed 2 states per parameter"
+            if note not in notes:
+                notes.append(note)
+        if group.optimizer_kwargs.get("amsgrad"):
+            states += 1
+        total += states * local * state_bytes + FLOAT32  # + the step scalar (a float32 tensor)
+    return total, notes
+
+
+# ---- activations -----------------------------------------------------------------------------
+
+
+def _activation_bytes(config, shape: _Shape, degrees: Degrees, device: str) -> tuple[int, int]:
+    """(held for backward at the end of forward, one block recomputed in backward)."""
+    training = config.training
+    compute = DTYPE_BYTES[training.mixed_precision_param]
+    batch = training.local_batch_size
+    if degrees.pp > 1:
+        # pipeline: microbatches in flight on the first stage (up to pp of them, 1F1B)
+        batch = config.parallelism.pipeline_parallel_microbatch_size * min(
+            degrees.pp, training.local_batch_size // config.parallelism.pipeline_parallel_microbatch_size
+        )
+    seq = training.seq_len // degrees.cp
+    tokens = batch * seq
+    sp = degrees.tp if config.parallelism.enable_sequence_parallel else 1
+    dense_mask = _dense_mask(config, shape, device)
+    layer = _layer_bytes(shape, tokens, batch, seq * degrees.cp, compute, degrees.tp, sp, dense_mask)
+    layers = math.ceil(shape.n_layers / degrees.pp)
+    ac = _ac_mode(config.activation_checkpoint)
+    if ac == "full":
+        # torch's checkpoint keeps each block's input (FSDP cast it to the compute dtype) and
+        # the positions, and recomputes one block at a time in backward
+        held = layers * tokens * shape.dim * compute + tokens * INT64
+        recompute = layer
+    elif ac == "selective":
+        # torchtitan's per-op SAC keeps the matmul outputs of every other matmul and the
+        # attention outputs; the rest of each block is recomputed
+        kept = _selective_bytes(shape, tokens, compute, degrees.tp)
+        held = layers * (tokens * shape.dim * compute + kept) + tokens * INT64
+        recompute = layer - kept
+    else:
+        held, recompute = layers * layer, 0
+    return held + _outside_layers_bytes(config, shape, tokens, compute, degrees.tp, sp), recompute
+
+
+def _layer_bytes(s: _Shape, tokens, batch, seq, compute, tp, sp, dense_mask) -> int:
+    """Bytes one decoder block saves for backward, tensor by tensor (per rank)."""
+    heads, kv_heads = s.n_heads // tp, s.n_kv_heads // tp
+    # RMSNorm: float32 input and 1/rms; torchtitan keeps the float32 output, HF casts it back
+    norm_out = FLOAT32 if s.backend == "native" else compute
+    norms = 2 * (tokens * s.dim * (FLOAT32 + norm_out) + tokens * FLOAT32) // sp
+    matmul_inputs = 2 * tokens * s.dim * compute  # the qkv and the MLP input, all-gathered under SP
+    qk_norm = tokens * (heads + kv_heads) * (s.head_dim * (FLOAT32 + norm_out) + FLOAT32)
+    # torchtitan applies RoPE per layer on float32 cos/sin; HF computes them once per step
+    rope = 2 * tokens * s.head_dim * FLOAT32 if s.backend == "native" else 0
+    # SDPA keeps q, k, v, output and log-sum-exp; HF expands k and v to every query head
+    sdpa_kv = kv_heads if s.backend == "native" else heads
+    attention = tokens * s.head_dim * (2 * heads + 2 * sdpa_kv) * compute + tokens * heads * FLOAT32
+    mask = batch * seq * seq * compute if dense_mask else 0
+    if s.num_experts:
+        mlp = _moe_bytes(s, tokens, compute)
+    else:
+        mlp = 4 * tokens * (s.ffn_hidden // tp) * compute  # w1 out, w3 out, silu, their product
+    return norms + matmul_inputs + qk_norm + rope + attention + mask + mlp
+
+
+def _moe_bytes(s: _Shape, tokens, compute) -> int:
+    """Router scores and top-k, then top_k routed copies of each token through SwiGLU experts."""
+    routed = tokens * s.top_k
+    router = tokens * (s.num_experts * compute + 3 * s.top_k * INT64 + compute + s.top_k * compute)
+    experts = routed * (s.dim * compute + 4 * s.moe_hidden * compute + compute + s.dim * FLOAT32)
+    return router + experts + s.num_experts * 4
+
+
+def _selective_bytes(s: _Shape, tokens, compute, tp) -> int:
+    """torchtitan's SelectiveAC: every other matmul output and the attention output are kept."""
+    heads, kv_heads = s.n_heads // tp, s.n_kv_heads // tp
+    hidden = (s.ffn_hidden or s.moe_hidden * s.top_k) // tp
+    matmul_outputs = [(heads + 2 * kv_heads) * s.head_dim, s.dim, hidden, hidden, s.dim]
+    kept = sum(matmul_outputs[::2]) * tokens * compute
+    return kept + tokens * heads * (s.head_dim * compute + FLOAT32)
+
+
+def _outside_layers_bytes(config, s: _Shape, tokens, compute, tp, sp) -> int:
+    """Token ids, the final norm, the lm_head's input and the loss's float32 log-probabilities
+    (of one chunk with torchtitan's ChunkedLossWrapper, which runs each chunk's backward at once)."""
+    from torchtitan.components.loss import ChunkedLossWrapper
+
+    norm_out = FLOAT32 if s.backend == "native" else compute
+    final_norm = (tokens * s.dim * (FLOAT32 + norm_out) + tokens * FLOAT32) // sp
+    loss = config.loss
+    chunk = tokens // loss.num_chunks if isinstance(loss, ChunkedLossWrapper.Config) else tokens
+    head_input = chunk * s.dim * compute
+    log_probs = chunk * (s.vocab // tp) * FLOAT32 + chunk * INT64
+    # HF computes RoPE's cos and sin once per step, (batch, 1, seq, head_dim) each
+    rope = 2 * tokens * s.head_dim * compute if s.backend == "hf" else 0
+    return tokens * INT64 + final_norm + head_input + log_probs + rope
+
+
+def _dense_mask(config, shape: _Shape, device: str) -> bool:
+    """SDPA on a dense copy of the BlockMask (CPU, Neuron) saves the mask in every layer;
+    FlexAttention (CUDA) keeps only the block mask."""
+    if shape.backend == "hf":
+        return device != "cuda"
+    imports = [entry if isinstance(entry, str) else entry[0] for entry in config.override.imports]
+    return any(name in imports for name in SDPA_ON_BLOCK_MASK)
+
+
+def _ac_mode(ac_config) -> str:
+    if ac_config is None:
+        return "none"
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    if isinstance(ac_config, FullAC.Config):
+        return "full"
+    if isinstance(ac_config, SelectiveAC.Config):
+        return "selective"
+    return "none"
