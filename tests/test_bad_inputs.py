@@ -49,7 +49,18 @@ PLAN_TIME = [
     (["model=moe", "model.num_experts=0"], ["model.num_experts must be >= 1"]),
     (["model=moe", "model.flavor=tiny"], ["model.flavor=tiny", "tiny_moe"]),
     (["model.num_experts=4"], ["model.num_experts applies to model=moe"]),
-]
+    (["model.flavor=32B"], ["does not fit", "GiB of", "parameters 61.02", "more FSDP ranks", "run.memory_check=warn"]),
+    # torchtitan's own checks (ParallelDims, update_from_config, _validate_cuda_graphs), named
+    (["parallelism.context_parallel_degree=0"], ["parallelism.context_parallel_degree=0: must be >= 1"]),
+    (["training.seq_len=4096"], ["training.seq_len=4096 is too long for qwen3 tiny", "RoPE maximum", "2048"]),
+    (["parallelism=pp", "training.disable_cuda_graphs=false"],
+     ["CUDA graphs do not support pipeline parallelism", "training.disable_cuda_graphs"]),
+    # what torchtitan's train.main would assert once the workers run
+    (["checkpointing=periodic", "checkpoint.create_seed_checkpoint=true"],
+     ["checkpoint.create_seed_checkpoint=true needs world size 1", "world size 2", "run.nproc_per_node=1"]),
+    (["checkpoint.create_seed_checkpoint=true", "run.nproc_per_node=1"],
+     ["checkpoint.create_seed_checkpoint=true needs checkpoint.enable=true"]),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("overrides, expected", PLAN_TIME, ids=[" ".join(o) for o, _ in PLAN_TIME])

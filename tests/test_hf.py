@@ -23,7 +23,6 @@ import torch
 from conftest import REPO, compose_config
 from safetensors.torch import load_file, save_file
 
-from qwen3_neuron.config.settings import ModelSettings
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.hf_io import export, verify
 from qwen3_neuron.models.flavors import native_model_spec
@@ -38,20 +37,17 @@ TINY_VOCAB = 2048
 # ---- helpers -----------------------------------------------------------------------------------
 
 
-def hf_settings(model_dir, **kw) -> ModelSettings:
-    return ModelSettings(kind="hf", flavor=kw.pop("flavor", "full"), hf_model=str(model_dir), **kw)
-
-
 def hf_trainer_config(model_dir, seq_len=256):
     """The Trainer.Config a model=hf run gets (base function + our spec), before any worker."""
     from torchtitan.experiments.transformers_modeling_backend.config_registry import (
         transformers_modeling_backend_full,
     )
 
+    read = hf_model.read_model_dir(Path(model_dir))
     config = transformers_modeling_backend_full()
-    config.model_spec = hf_spec.hf_model_spec(hf_settings(model_dir))
+    config.model_spec = hf_spec.hf_model_spec(read, "full")
     config.training.seq_len = seq_len
-    hf_spec.configure_hf_trainer(config, hf_settings(model_dir))
+    hf_spec.configure_hf_trainer(config, read)
     return config
 
 
@@ -178,13 +174,13 @@ def test_hf_spec_restores_biases_torchtitan_would_drop(assets, tmp_path):
 
 
 def test_hf_spec_picks_the_moe_config_for_the_moe_dir(assets):
-    assert hf_spec.hf_model_spec(hf_settings(assets.tiny_qwen3_moe_dir)).model.is_moe
-    assert not hf_spec.hf_model_spec(hf_settings(assets.tiny_qwen3_dir)).model.is_moe
+    assert hf_spec.hf_model_spec(hf_model.read_model_dir(assets.tiny_qwen3_moe_dir), "full").model.is_moe
+    assert not hf_spec.hf_model_spec(hf_model.read_model_dir(assets.tiny_qwen3_dir), "full").model.is_moe
 
 
 def test_hf_flavor_must_not_override_the_architecture(assets):
     with pytest.raises(ConfigError, match=r"model.flavor=debugmodel does not fit model=hf.*full"):
-        hf_spec.hf_model_spec(hf_settings(assets.tiny_qwen3_dir, flavor="debugmodel"))
+        hf_spec.hf_model_spec(hf_model.read_model_dir(assets.tiny_qwen3_dir), "debugmodel")
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
@@ -263,7 +259,7 @@ def broken_dirs(assets, tmp_path):
 def test_malformed_hf_model_dir_is_refused_naming_file_and_key(broken_dirs, case):
     model_dir, expected = broken_dirs[case]
     with pytest.raises(ConfigError) as error:
-        hf_spec.hf_model_spec(hf_settings(model_dir))
+        hf_model.open_model_dir(str(model_dir), trust_remote_code=False)
     assert expected in str(error.value)
     assert "model.hf_model" in str(error.value) or "trust_remote_code" in str(error.value)
 

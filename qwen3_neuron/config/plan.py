@@ -1,16 +1,17 @@
 """Stage 2, plan: composed config -> validated torchtitan `Trainer.Config` + torchrun command.
 
 No process is started and no device is touched here, so every config error surfaces before
-torchrun. Workers call `build_trainer_config` on what the launcher recorded: same function, same
-inputs, same config.
+torchrun. The plan builds the config (`config.build`, as the workers will from what it records)
+and checks it once: on a copy, it does what torchtitan's `Trainer.__init__` does to the config
+before building anything (`ParallelDims`, the model's `update_from_config`, `apply_overrides`,
+`_validate_cuda_graphs`) and turns their errors into `ConfigError`s with what would fit; then
+the checks torchtitan lacks (`layout`, HF dirs, assets, torch capabilities, what the worker's
+`train.main` would assert).
 """
 
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.util
-import inspect
 import operator
 import os
 import shlex
@@ -19,33 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.config.override import apply_overrides
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config.fields import apply_fields, unknown_key_message
-from qwen3_neuron.config.layout import check_layout
-from qwen3_neuron.config.settings import SECTIONS, Settings, parse_settings
+from qwen3_neuron.config import layout
+from qwen3_neuron.config.build import build_trainer_config
+from qwen3_neuron.config.settings import Settings, parse_settings
+from qwen3_neuron.config.torchrun import torchrun_args
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
-from qwen3_neuron.config.torchrun import torchrun_args
-from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
-from qwen3_neuron.models.hf.model_dir import check_initial_hf_load
-from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec
-
-# Fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
-FRAMEWORK_OWNED = {"model_spec": "model.flavor", "dump_folder": "hydra.run.dir", "hf_model": "model.hf_model"}
-
-# `optimizer.lr=3e-4` and friends: set on every param group (torchtitan 0.3.0 keeps them in
-# `optimizer.param_groups[i].optimizer_kwargs`).
-OPTIMIZER_SHORTHANDS = ("lr", "weight_decay", "betas", "eps")
+from qwen3_neuron.models.hf.model_dir import HFModelDir, check_initial_hf_load, check_tokenizer_fits, open_model_dir
 
 # Counts torchtitan takes as given; zero or negative would fail late or loop forever.
 MUST_BE_POSITIVE = ("training.steps", "training.local_batch_size", "training.seq_len", "metrics.log_freq")
-
-# Metrics to metrics.jsonl: swapped in through torchtitan's own override registry.
-METRICS_OVERRIDE = "qwen3_neuron.worker.metrics.run_dir_metrics"
-
 
 @dataclass
 class Plan:
@@ -56,6 +43,7 @@ class Plan:
     command: list[str]
     env: dict[str, str]
     replacements: list[str]  # torchtitan's "[Override] target: fqn Old -> New" lines
+    job: dict[str, Any]  # what the workers rebuild from (job.yaml): the device and model dir settled
     notes: list[str] = field(default_factory=list)  # what the plan settled or could not check
 
     def replacements_by_override(self) -> dict[str, list[str]]:
@@ -87,19 +75,18 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
     nproc = devices.default_nproc(device) if nproc is None else nproc
     if nproc < 1:
         raise ConfigError(f"run.nproc_per_node must be >= 1, got {nproc}.")
-    config = build_trainer_config(composed, run_dir, device)
+    model = settings.model
+    model_dir = open_model_dir(model.hf_model, model.trust_remote_code) if model.kind == "hf" else None
+    config = build_trainer_config(composed, run_dir, device, model_dir)
     world_size = nproc * settings.run.nnodes
+    _check_kernels_device(settings, device)
     _check_positive(config)
-    check_layout(config, world_size, here=not missing)
+    _check_worker_modes(config, world_size)
+    replacements = _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes)
+    if model_dir is not None:
+        check_tokenizer_fits(config.hf_assets_path, model_dir.vocab_size)
+    check_initial_hf_load(config, model.kind)  # from_hf: safetensors present, arch matches
     _check_local_paths(config)
-    try:
-        replacements = _check_overrides(config)
-    except ConfigError as e:
-        if not (missing and _needs_the_device(e)):
-            raise
-        # the kernels need the absent device to load: check everything else, say so
-        notes.append(f"kernels.factories not applied in this dry run: {e}")
-        replacements = _check_overrides(_without_kernel_factories(config, settings))
     command = [
         sys.executable, "-m", "torch.distributed.run", *torchrun_args(settings.run, nproc, run_dir),
         "-m", "qwen3_neuron.worker.train", str(run_dir),
@@ -110,37 +97,17 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
         **devices.compiler_env(device),
         "PYTHONPATH": _worker_pythonpath(),
     }
-    return Plan(settings, device, nproc, config, command, env, replacements, notes)
+    job = _job(composed, device, model_dir)
+    return Plan(settings, device, nproc, config, command, env, replacements, job, notes)
 
 
-def build_trainer_config(composed: Mapping[str, Any], run_dir: Path, device: str) -> Trainer.Config:
-    """The final torchtitan config: base config function, flavour swap, YAML sections on top."""
-    settings = parse_settings(composed)
-    config = _base_config(settings.model.module, settings.model.config_fn)
-    config.model_spec = _model_spec(settings)
-    for section, values in composed.items():
-        if section in SECTIONS:
-            continue
-        if section in FRAMEWORK_OWNED:
-            raise ConfigError(f"'{section}' is set by the framework; set {FRAMEWORK_OWNED[section]} instead.")
-        if section == "optimizer" and isinstance(values, Mapping):
-            values = _apply_optimizer_shorthands(config, values)
-        config = apply_fields(config, {section: values}, "")
-    if settings.model.kind == "hf":
-        configure_hf_trainer(config, settings.model)  # hf_model + hf_assets_path -> the model dir
-    check_initial_hf_load(config, settings.model.kind)  # from_hf: safetensors present, arch matches
-    _set_loss_vocab(config)
-    backend = devices.compile_backend(device)
-    if backend and "backend" not in (composed.get("compile") or {}):
-        config.compile.backend = backend  # the device's own torch.compile backend (neuron)
-    config.dump_folder = str(run_dir)
-    config.override.imports = [
-        *config.override.imports,
-        METRICS_OVERRIDE,
-        *devices.override_imports(device, settings.model.kind),
-        *_kernel_overrides(settings, device),
-    ]
-    return config
+def _job(composed: Mapping[str, Any], device: str, model_dir: HFModelDir | None) -> dict[str, Any]:
+    """The composed config as the workers rebuild from it: the device resolved, and model=hf's
+    dir as the local path found here (a Hub id is never looked up again in a worker)."""
+    job = {**composed, "device": {"type": device}}
+    if model_dir is not None:
+        job["model"] = {**composed["model"], "hf_model": str(model_dir.path)}
+    return job
 
 
 def _worker_pythonpath() -> str:
@@ -155,77 +122,57 @@ def _resolve_device(requested: str, dry_run: bool = False) -> str:
         raise ConfigError(f"device.type={requested}: {e}") from e
 
 
-def _base_config(module: str, config_fn: str) -> Trainer.Config:
-    registry_name = _registry_name(module)
-    try:
-        registry = importlib.import_module(registry_name)
-    except ModuleNotFoundError as e:
-        # torchtitan's own loader hides this cause (e.g. a missing `triton`): say it.
-        raise ConfigError(f"model.module={module}: cannot import {registry_name}: {e}") from e
-    functions = sorted(
-        name for name, fn in inspect.getmembers(registry, inspect.isfunction)
-        if fn.__module__ == registry.__name__ and not name.startswith("_")
-    )  # fmt: skip
-    if config_fn not in functions:
-        raise ConfigError(unknown_key_message(f"model.config_fn={config_fn}", config_fn, functions))
-    return getattr(registry, config_fn)()
-
-
-def _registry_name(module: str) -> str:
-    """As torchtitan's --module: a short name is looked up in torchtitan.models, then
-    torchtitan.experiments (transformers_modeling_backend lives there); a dotted name is used as is."""
-    if "." in module:
-        return module
-    for package in ("torchtitan.models", "torchtitan.experiments"):
-        if importlib.util.find_spec(f"{package}.{module}") is not None:
-            return f"{package}.{module}.config_registry"
-    return f"torchtitan.models.{module}.config_registry"
-
-
-def _model_spec(settings: Settings):
-    model = settings.model
-    moe_changes = {"num_experts": model.num_experts, "top_k": model.top_k, "moe_hidden_dim": model.moe_hidden_dim}
-    if model.kind == "moe":
-        return moe_model_spec(model.flavor, **moe_changes)
-    stray = [key for key, value in moe_changes.items() if value is not None]
-    if stray:
-        raise ConfigError(f"model.{stray[0]} applies to model=moe only (this is model={model.kind}).")
-    if model.kind == "native":
-        return native_model_spec(model.flavor)
-    return hf_model_spec(model)
-
-
-def _apply_optimizer_shorthands(config: Trainer.Config, values: Mapping[str, Any]) -> dict:
-    values = dict(values)
-    for key in OPTIMIZER_SHORTHANDS:
-        if key in values:
-            value = values.pop(key)
-            for group in config.optimizer.param_groups:
-                group.optimizer_kwargs[key] = tuple(value) if key == "betas" else value
-    return values
-
-
-def _set_loss_vocab(config: Trainer.Config) -> None:
-    """The base function sized the loss for its own model; follow the swapped-in flavour."""
-    vocab_size = config.model_spec.model.vocab_size
-    for _, loss_config, _, _ in config.loss.traverse(CrossEntropyLoss.Config):
-        loss_config.global_vocab_size = vocab_size
-
-
-def _kernel_overrides(settings: Settings, device: str) -> list[str]:
+def _check_kernels_device(settings: Settings, device: str) -> None:
     kernels = settings.kernels
     if device not in kernels.devices:
         raise ConfigError(
             f"kernels={kernels.name} needs device {' or '.join(kernels.devices)}, "
             f"but the device is {device}. Use kernels=none or kernels=blockwise here."
         )
-    kernel_kwargs = {"block_size": kernels.block_size}
-    return [*((factory, kernel_kwargs) for factory in kernels.factories), *kernels.overrides]
+
+
+def _check_worker_modes(config: Trainer.Config, world_size: int) -> None:
+    """What torchtitan's `train.main` (mirrored by the worker) asserts only once the workers run."""
+    checkpoint = config.checkpoint
+    if checkpoint.create_seed_checkpoint:
+        if world_size != 1:
+            raise ConfigError(
+                f"checkpoint.create_seed_checkpoint=true needs world size 1 (torchtitan writes the "
+                f"seed checkpoint unsharded, from one process); this plan has world size {world_size}. "
+                "Set run.nproc_per_node=1 (and run.nnodes=1)."
+            )
+        if not checkpoint.enable:
+            raise ConfigError(
+                "checkpoint.create_seed_checkpoint=true needs checkpoint.enable=true "
+                "(e.g. checkpointing=periodic): the seed checkpoint is a checkpoint save."
+            )
+
+
+def _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes) -> list[str]:
+    """Do to a copy of the config what torchtitan's `Trainer.__init__` does before it builds
+    anything, with torchtitan's own code: `ParallelDims` (degrees against the world size; no
+    process group, no mesh: those come only with `build_mesh`), the model's
+    `update_from_config`, `apply_overrides` and `_validate_cuda_graphs`. Their errors become
+    ConfigErrors with what would fit; `layout` adds the checks torchtitan lacks. Returns
+    torchtitan's override log lines."""
+    trial = copy.deepcopy(config)
+    parallel_dims = layout.resolve_degrees(trial.parallelism, world_size)
+    layout.update_model_config(trial, world_size)
+    layout.check_layout(trial, parallel_dims, model_dir, here=not missing)
+    try:
+        return _check_overrides(trial)
+    except ConfigError as e:
+        if not (missing and _needs_the_device(e)):
+            raise
+        # the kernels need the absent device to load: check everything else, say so
+        notes.append(f"kernels.factories not applied in this dry run: {e}")
+        return _check_overrides(_without_kernel_factories(trial, settings))
 
 
 def _check_overrides(config: Trainer.Config) -> list[str]:
     """Apply the override imports to a copy of the config, as the trainer will: a target that
-    does not import, names no @override or replaces nothing fails here, named."""
+    does not import, names no @override or replaces nothing fails here, named. Then the
+    trainer's next check, `_validate_cuda_graphs`, on the result."""
     trial = copy.deepcopy(config)
     try:
         replacements = apply_overrides(trial.override, trial)
@@ -243,6 +190,11 @@ def _check_overrides(config: Trainer.Config) -> list[str]:
                 f"override '{target}' matches no node of this model ({config.model_spec.flavor}): "
                 "check its @override target class and fqns."
             )
+    try:
+        trial._validate_cuda_graphs()
+    except ValueError as e:
+        message = str(e).replace("--training.", "training.")  # torchtitan's CLI spelling
+        raise ConfigError(f"training.disable_cuda_graphs=false: {message}") from e
     return replacements
 
 

@@ -64,7 +64,7 @@ def run_job(cfg: DictConfig) -> float | None:
         plan = make_plan(composed, job.run_dir)
     except (ConfigError, OmegaConfBaseException) as e:
         return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
-    write_record(job.run_dir, {**composed, "device": {"type": plan.device}}, plan)
+    write_record(job.run_dir, plan.job, plan)
     if plan.settings.run.dry_run:
         _print_plan(plan, job.run_dir)
         return job.finish(0)

@@ -1,6 +1,7 @@
 """Stage 3, record: what a run dir holds besides Hydra's `.hydra/`.
 
-- `job.yaml`: the composed config, resolved, with the device settled: workers rebuild from it.
+- `job.yaml`: the composed config, resolved, with the device and the model=hf dir settled
+  (`Plan.job`): workers rebuild from it.
 - `trainer_config.json`: the final torchtitan config, for people (torchtitan's `to_dict`).
 - `command.sh`: the exact torchrun command with its environment.
 - `versions.json`: package versions and the project's git SHA.

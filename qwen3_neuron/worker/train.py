@@ -1,8 +1,10 @@
 """Stage 5, train: one torchrun worker. `python -m qwen3_neuron.worker.train <run_dir>`.
 
-Rebuilds the same Trainer.Config the launcher planned, from what it recorded in the run dir
-(no Hydra here), applies the device's compatibility fixes, and runs torchtitan's trainer the way
-`torchtitan.train.main` does.
+Rebuilds the Trainer.Config the launcher planned from what it recorded in the run dir (no Hydra
+here, and no checks: the plan made them), applies the device's compatibility fixes, and runs
+torchtitan's trainer the way `torchtitan.train.main` does: structured logging as
+`debug.enable_structured_logging` says, `comm.mode=local_tensor` skips training, and
+`checkpoint.create_seed_checkpoint` saves step 0 instead of training.
 """
 
 from __future__ import annotations
@@ -22,16 +24,31 @@ def main(run_dir: Path) -> None:
     install(device)  # before torchtitan modules copy the device type at import
 
     import torch
+    from torchtitan.observability import structured_logger as sl
     from torchtitan.tools.logging import init_logger, logger
 
-    from qwen3_neuron.config.plan import build_trainer_config
+    from qwen3_neuron.config.build import build_trainer_config
 
     init_logger()
     config = build_trainer_config(job, run_dir, device)
+    sl.init_structured_logger(
+        source="training",  # torchtitan's own name for the trainer's records
+        output_dir=config.dump_folder,
+        enable=config.debug.enable_structured_logging,
+    )
+    sl.log_trace_instant("structured_logger_started")
+    if config.comm.mode == "local_tensor":
+        # as torchtitan: LocalTensor cannot initialise the model's states yet, nothing trains
+        logger.info("Local tensor mode enabled - skipping training execution")
+        return
     trainer = None
     try:
         trainer = config.build()
-        trainer.train()
+        if config.checkpoint.create_seed_checkpoint:  # the plan checked world size 1, checkpoint.enable
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
+        else:
+            trainer.train()
     except Exception as error:  # torchtitan raises on a non-finite loss, naming the step
         _record_failure(run_dir, error, config)
         raise
@@ -39,7 +56,8 @@ def main(run_dir: Path) -> None:
         if trainer is not None:
             trainer.close()
     if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        with sl.log_trace_span("torch_distributed_teardown"):
+            torch.distributed.destroy_process_group()
     logger.info("Training finished")
 
 

@@ -1,8 +1,11 @@
-"""A Transformers model dir, read and checked once at plan time (launcher and workers alike, no
-torch.distributed): `resolve_model_dir` (a local dir or a cached Hub id), `read_model_dir`
-(config.json into `HFModelDir`), and the checks that refuse what cannot work with a
-`ConfigError` naming the file or key: weights present, Transformers can read and build it,
-the tokenizer fits, HF weights loaded into a native flavour describe that flavour.
+"""A Transformers model dir: its `config.json` read once into an `HFModelDir` that the plan, the
+layout checks and the ModelSpec share.
+
+Plan time only (the launcher): `open_model_dir` finds the dir (a local dir or a cached Hub id),
+reads it and checks that Transformers can read and build it; the other checks refuse what cannot
+work with a `ConfigError` naming the file or key (weights present, the tokenizer fits, HF weights
+loaded into a native flavour describe that flavour). Workers only `read_model_dir` the local path
+the plan recorded: no Hub lookup, no AutoConfig, no tokenizer or safetensors index read.
 """
 
 from __future__ import annotations
@@ -29,42 +32,21 @@ class HFModelDir:
     config: dict[str, Any]  # config.json as written
 
     @property
+    def text_config(self) -> dict[str, Any]:
+        """The language-model part of config.json (composite VL configs nest it)."""
+        return _text_config(self.config)
+
+    @property
     def is_moe(self) -> bool:
-        return any(_text_config(self.config).get(key) for key in MOE_KEYS)
+        return self.num_experts is not None
+
+    @property
+    def num_experts(self) -> int | None:
+        return next((self.text_config[k] for k in MOE_KEYS if self.text_config.get(k)), None)
 
     @property
     def vocab_size(self) -> int:
-        return int(_text_config(self.config)["vocab_size"])
-
-
-# ---- plan-time checks ------------------------------------------------------------------------
-
-
-def resolve_model_dir(hf_model: str | None, key: str = "model.hf_model") -> Path:
-    """A local dir for `hf_model`: the dir itself, or the cached snapshot of a Hub id.
-
-    Nothing is downloaded (runs are offline): a Hub id must already be in the HF cache.
-    """
-    if not hf_model:
-        raise ConfigError(
-            f"{key} is not set: model=hf needs a Transformers model dir (or a cached Hub id), "
-            f"e.g. {key}=/path/to/Qwen3-0.6B."
-        )
-    path = Path(hf_model).expanduser()
-    if path.is_dir():
-        return path.resolve()
-    if path.exists() or _looks_like_path(hf_model):
-        raise ConfigError(f"{key}={hf_model}: no such directory.")
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(hf_model, local_files_only=True))
-    except Exception as e:  # not cached, bad id: the Hub client's own errors vary
-        raise ConfigError(
-            f"{key}={hf_model}: not a local dir and not in the Hugging Face cache "
-            f"({type(e).__name__}). Runs are offline (HF_HUB_OFFLINE=1): download it first "
-            f"(`huggingface-cli download {hf_model}`) or give a local dir."
-        ) from e
+        return int(self.text_config["vocab_size"])
 
 
 def read_model_dir(path: Path, key: str = "model.hf_model") -> HFModelDir:
@@ -93,6 +75,44 @@ def read_model_dir(path: Path, key: str = "model.hf_model") -> HFModelDir:
                 f"(got {text.get(field)!r}); set by {key}."
             )
     return HFModelDir(path=path, config=config)
+
+
+# ---- plan-time checks ------------------------------------------------------------------------
+
+
+def open_model_dir(hf_model: str | None, trust_remote_code: bool) -> HFModelDir:
+    """model.hf_model, found, read and checked: Transformers can read it and torchtitan's
+    backend can build it. The plan records `HFModelDir.path` for the workers."""
+    model_dir = read_model_dir(resolve_model_dir(hf_model))
+    check_backend_builds(load_auto_config(model_dir, trust_remote_code), model_dir)
+    return model_dir
+
+
+def resolve_model_dir(hf_model: str | None, key: str = "model.hf_model") -> Path:
+    """A local dir for `hf_model`: the dir itself, or the cached snapshot of a Hub id.
+
+    Nothing is downloaded (runs are offline): a Hub id must already be in the HF cache.
+    """
+    if not hf_model:
+        raise ConfigError(
+            f"{key} is not set: model=hf needs a Transformers model dir (or a cached Hub id), "
+            f"e.g. {key}=/path/to/Qwen3-0.6B."
+        )
+    path = Path(hf_model).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if path.exists() or _looks_like_path(hf_model):
+        raise ConfigError(f"{key}={hf_model}: no such directory.")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(hf_model, local_files_only=True))
+    except Exception as e:  # not cached, bad id: the Hub client's own errors vary
+        raise ConfigError(
+            f"{key}={hf_model}: not a local dir and not in the Hugging Face cache "
+            f"({type(e).__name__}). Runs are offline (HF_HUB_OFFLINE=1): download it first "
+            f"(`huggingface-cli download {hf_model}`) or give a local dir."
+        ) from e
 
 
 def check_safetensors(path: Path, key: str) -> list[Path]:

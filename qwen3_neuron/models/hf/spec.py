@@ -1,7 +1,9 @@
-"""model=hf: the ModelSpec torchtitan's Transformers backend builds, from a checked model dir.
+"""model=hf: the ModelSpec torchtitan's Transformers backend builds, from a read model dir.
 
 `hf_model_spec` builds the `ModelSpec` torchtitan's Transformers backend needs;
-`configure_hf_trainer` settles the trainer fields that follow from the model dir.
+`configure_hf_trainer` settles the trainer fields that follow from the model dir. Both only build
+from the `HFModelDir` they are given (launcher and workers alike); the checks of the dir are the
+plan's (`model_dir.open_model_dir`).
 
 The architecture comes from `config.json` through `AutoConfig.from_pretrained`, never from
 torchtitan defaults. torchtitan's `update_from_config`
@@ -10,8 +12,10 @@ leaves at None (the `full` flavour leaves all of them), then overwrites a few:
 
 - `max_position_embeddings` <- `training.seq_len` (the backend's position ids depend on it; the
   export writes the source dir's config.json, so the published value survives);
-- `attention_bias`, `mlp_bias` <- False: restored here (`PinnedHFConfig`): a model whose
-  config.json says True would otherwise be built without biases and drop them on load;
+- `attention_bias`, `mlp_bias` <- False: restored here (`PinnedHFConfig`) to what config.json
+  says: a model whose config.json says True would otherwise be built without biases and drop
+  them on load (a config.json without them gets the Transformers class default, False for the
+  Qwen/Llama families, as torchtitan sets);
 - `initializer_range` <- 1.0, `use_cache` <- False: training-only, never exported.
 
 Fixes to the backend as installed live in `runtime` (model init, pinned fields) and
@@ -21,14 +25,7 @@ Fixes to the backend as installed live in `runtime` (model init, pinned fields) 
 from __future__ import annotations
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.models.hf.model_dir import (
-    CONFIG_FILE,
-    check_backend_builds,
-    check_tokenizer_fits,
-    load_auto_config,
-    read_model_dir,
-    resolve_model_dir,
-)  # fmt: skip
+from qwen3_neuron.models.hf.model_dir import CONFIG_FILE, HFModelDir
 from qwen3_neuron.models.hf.runtime import pinned_config_class
 from qwen3_neuron.models.hf.state_dict import adapter_class
 
@@ -42,8 +39,8 @@ HF_FLAVORS = {"full": "causal", "sft_full": "block_causal"}
 PINNED_FROM_HF = ("attention_bias", "mlp_bias")
 
 
-def hf_model_spec(model):
-    """torchtitan's ModelSpec for model=hf from `ModelSettings` (flavor, hf_model, trust_remote_code)."""
+def hf_model_spec(model_dir: HFModelDir, flavor: str):
+    """torchtitan's ModelSpec for model=hf: the architecture of `model_dir`, the mask of `flavor`."""
     from torchtitan.components.optimizer import register_moe_load_balancing_hook
     from torchtitan.experiments.transformers_modeling_backend import (
         TitanModelConfig,
@@ -57,27 +54,24 @@ def hf_model_spec(model):
     )
     from torchtitan.protocols.model_spec import ModelSpec
 
-    if model.flavor not in HF_FLAVORS:
+    if flavor not in HF_FLAVORS:
         raise ConfigError(
-            f"model.flavor={model.flavor} does not fit model=hf: the architecture comes from "
+            f"model.flavor={flavor} does not fit model=hf: the architecture comes from "
             f"model.hf_model's {CONFIG_FILE}. Valid: "
             + ", ".join(f"{name} ({mask} mask)" for name, mask in HF_FLAVORS.items())
             + "."
         )
-    model_dir = read_model_dir(resolve_model_dir(model.hf_model))
-    auto_config = load_auto_config(model_dir, model.trust_remote_code)
-    check_backend_builds(auto_config, model_dir)
     # Every HF-mapped field stays None: AutoConfig's value is kept (see module docstring).
     titan_cls = TitanMoeModelConfig if model_dir.is_moe else TitanModelConfig
     # vocab_size is set (to config.json's value, so nothing changes) so that the plan can size
     # the loss and the report knows ln(V) before a worker has loaded the config.
-    titan = titan_cls(vocab_size=model_dir.vocab_size, attn_mask_type=HF_FLAVORS[model.flavor])
+    titan = titan_cls(vocab_size=model_dir.vocab_size, attn_mask_type=HF_FLAVORS[flavor])
     if model_dir.is_moe:
         titan.experts_implementation = "native"  # the backend swaps in torchtitan's MoE anyway
-    pinned = {k: getattr(auto_config, k) for k in PINNED_FROM_HF if hasattr(auto_config, k)}
+    pinned = {k: model_dir.text_config[k] for k in PINNED_FROM_HF if k in model_dir.text_config}
     return ModelSpec(
         name=HF_BACKEND_NAME,
-        flavor=model.flavor,
+        flavor=flavor,
         model=pinned_config_class()(model_config=titan, pinned_from_hf=pinned),
         parallelize_fn=parallelize_hf_transformers,
         pipelining_fn=pipeline_hf_transformers,
@@ -86,14 +80,13 @@ def hf_model_spec(model):
     )
 
 
-def configure_hf_trainer(config, model) -> None:
+def configure_hf_trainer(config, model_dir: HFModelDir) -> None:
     """Settle the fields of a model=hf Trainer.Config that follow from the model dir.
 
-    Call after the YAML sections are applied. `hf_model` and `hf_assets_path` become the model dir: the tokenizer must be the model's own
-    (its ids index the embedding), and torchtitan reads the safetensors index (the export's file
-    layout) and, without `checkpoint.initial_load_path`, the initial HF weights from there.
+    Call after the YAML sections are applied. `hf_model` and `hf_assets_path` become the model
+    dir: the tokenizer must be the model's own (its ids index the embedding; the plan checks it),
+    and torchtitan reads the safetensors index (the export's file layout) and, without
+    `checkpoint.initial_load_path`, the initial HF weights from there.
     """
-    model_dir = read_model_dir(resolve_model_dir(model.hf_model))
     config.hf_model = str(model_dir.path)
     config.hf_assets_path = str(model_dir.path)
-    check_tokenizer_fits(config.hf_assets_path, model_dir.vocab_size)

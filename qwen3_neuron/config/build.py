@@ -1,0 +1,136 @@
+"""Build the torchtitan `Trainer.Config` from a composed (or recorded) config. Both sides use it.
+
+The launcher's plan (`config.plan`) builds with it and then checks the result; the workers
+(`worker.train`) build with it from the run dir's `job.yaml` and check nothing again. So nothing
+here looks anything up or reads more than it needs to build: the model=hf dir is read once
+(`HFModelDir`), from the local path the plan resolved and recorded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from pathlib import Path
+from typing import Any, Mapping
+
+from torchtitan.components.loss import CrossEntropyLoss
+from torchtitan.trainer import Trainer
+
+from qwen3_neuron.config.fields import apply_fields, unknown_key_message
+from qwen3_neuron.config.settings import SECTIONS, Settings, parse_settings
+from qwen3_neuron.devices import policy as devices
+from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
+from qwen3_neuron.models.hf.model_dir import HFModelDir, read_model_dir
+from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec
+
+# Fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
+FRAMEWORK_OWNED = {"model_spec": "model.flavor", "dump_folder": "hydra.run.dir", "hf_model": "model.hf_model"}
+
+# `optimizer.lr=3e-4` and friends: set on every param group (torchtitan 0.3.0 keeps them in
+# `optimizer.param_groups[i].optimizer_kwargs`).
+OPTIMIZER_SHORTHANDS = ("lr", "weight_decay", "betas", "eps")
+
+# Metrics to metrics.jsonl: swapped in through torchtitan's own override registry.
+METRICS_OVERRIDE = "qwen3_neuron.worker.metrics.run_dir_metrics"
+
+
+def build_trainer_config(
+    composed: Mapping[str, Any], run_dir: Path, device: str, model_dir: HFModelDir | None = None
+) -> Trainer.Config:
+    """The final torchtitan config: base config function, flavour swap, YAML sections on top.
+
+    `model_dir`: model=hf's dir as the plan opened it; None reads `model.hf_model`, which the
+    plan recorded as a local path (the workers' case)."""
+    settings = parse_settings(composed)
+    if settings.model.kind == "hf" and model_dir is None:
+        model_dir = read_model_dir(Path(settings.model.hf_model))
+    config = _base_config(settings.model.module, settings.model.config_fn)
+    config.model_spec = _model_spec(settings, model_dir)
+    for section, values in composed.items():
+        if section in SECTIONS:
+            continue
+        if section in FRAMEWORK_OWNED:
+            raise ConfigError(f"'{section}' is set by the framework; set {FRAMEWORK_OWNED[section]} instead.")
+        if section == "optimizer" and isinstance(values, Mapping):
+            values = _apply_optimizer_shorthands(config, values)
+        config = apply_fields(config, {section: values}, "")
+    if settings.model.kind == "hf":
+        configure_hf_trainer(config, model_dir)  # hf_model + hf_assets_path -> the model dir
+    _set_loss_vocab(config)
+    backend = devices.compile_backend(device)
+    if backend and "backend" not in (composed.get("compile") or {}):
+        config.compile.backend = backend  # the device's own torch.compile backend (neuron)
+    config.dump_folder = str(run_dir)
+    config.override.imports = [
+        *config.override.imports,
+        METRICS_OVERRIDE,
+        *devices.override_imports(device, settings.model.kind),
+        *kernel_overrides(settings),
+    ]
+    return config
+
+
+def kernel_overrides(settings: Settings) -> list:
+    """The kernels option's factories (with their block size) and the user's own overrides."""
+    kernels = settings.kernels
+    kernel_kwargs = {"block_size": kernels.block_size}
+    return [*((factory, kernel_kwargs) for factory in kernels.factories), *kernels.overrides]
+
+
+def _base_config(module: str, config_fn: str) -> Trainer.Config:
+    registry_name = _registry_name(module)
+    try:
+        registry = importlib.import_module(registry_name)
+    except ModuleNotFoundError as e:
+        # torchtitan's own loader hides this cause (e.g. a missing `triton`): say it.
+        raise ConfigError(f"model.module={module}: cannot import {registry_name}: {e}") from e
+    functions = sorted(
+        name for name, fn in inspect.getmembers(registry, inspect.isfunction)
+        if fn.__module__ == registry.__name__ and not name.startswith("_")
+    )  # fmt: skip
+    if config_fn not in functions:
+        raise ConfigError(unknown_key_message(f"model.config_fn={config_fn}", config_fn, functions))
+    return getattr(registry, config_fn)()
+
+
+def _registry_name(module: str) -> str:
+    """As torchtitan's --module: a short name is looked up in torchtitan.models, then
+    torchtitan.experiments (transformers_modeling_backend lives there); a dotted name is used as is."""
+    if "." in module:
+        return module
+    for package in ("torchtitan.models", "torchtitan.experiments"):
+        if importlib.util.find_spec(f"{package}.{module}") is not None:
+            return f"{package}.{module}.config_registry"
+    return f"torchtitan.models.{module}.config_registry"
+
+
+def _model_spec(settings: Settings, model_dir: HFModelDir | None):
+    model = settings.model
+    moe_changes = {"num_experts": model.num_experts, "top_k": model.top_k, "moe_hidden_dim": model.moe_hidden_dim}
+    if model.kind == "moe":
+        return moe_model_spec(model.flavor, **moe_changes)
+    stray = [key for key, value in moe_changes.items() if value is not None]
+    if stray:
+        raise ConfigError(f"model.{stray[0]} applies to model=moe only (this is model={model.kind}).")
+    if model.kind == "native":
+        return native_model_spec(model.flavor)
+    return hf_model_spec(model_dir, model.flavor)
+
+
+def _apply_optimizer_shorthands(config: Trainer.Config, values: Mapping[str, Any]) -> dict:
+    values = dict(values)
+    for key in OPTIMIZER_SHORTHANDS:
+        if key in values:
+            value = values.pop(key)
+            for group in config.optimizer.param_groups:
+                group.optimizer_kwargs[key] = tuple(value) if key == "betas" else value
+    return values
+
+
+def _set_loss_vocab(config: Trainer.Config) -> None:
+    """The base function sized the loss for its own model; follow the swapped-in flavour."""
+    vocab_size = config.model_spec.model.vocab_size
+    for _, loss_config, _, _ in config.loss.traverse(CrossEntropyLoss.Config):
+        loss_config.global_vocab_size = vocab_size
