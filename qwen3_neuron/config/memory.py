@@ -36,7 +36,6 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from qwen3_neuron.config.layout import Degrees, resolve_degrees
 from qwen3_neuron.errors import ConfigError
 
 GIB = 2**30
@@ -96,7 +95,10 @@ class MemoryEstimate:
 
 
 def estimate_memory(config, world_size: int, device: str, ranks_per_node: int) -> MemoryEstimate:
-    degrees = resolve_degrees(config.parallelism, world_size)
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    # torchtitan's own degrees (data_parallel_shard_degree=-1 resolved); the plan checked them
+    degrees = ParallelDims.from_config(config.parallelism, world_size)
     shape = _shape(config)
     param_bytes = DTYPE_BYTES[config.training.dtype]
     counts = _local_parameter_counts(config, degrees)
@@ -239,7 +241,7 @@ def meta_model(config):
         return model_config.build()
 
 
-def _local_parameter_counts(config, degrees: Degrees) -> _LocalCounts:
+def _local_parameter_counts(config, degrees) -> _LocalCounts:
     counts = _LocalCounts()
     fsdp = degrees.dp_shard * degrees.cp
     for name, parameter in meta_model(config).named_parameters():
@@ -286,7 +288,7 @@ def _optimizer_bytes(config, counts: _LocalCounts) -> tuple[int, list[str]]:
 # ---- activations -----------------------------------------------------------------------------
 
 
-def _activation_bytes(config, shape: _Shape, degrees: Degrees, device: str) -> tuple[int, int]:
+def _activation_bytes(config, shape: _Shape, degrees, device: str) -> tuple[int, int]:
     """(held for backward at the end of forward, one block recomputed in backward)."""
     training = config.training
     compute = DTYPE_BYTES[training.mixed_precision_param]

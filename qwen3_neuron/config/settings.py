@@ -101,6 +101,12 @@ class RunSettings:
     stop_on_failure: bool = False
     """Multirun: stop the sweep at the first failed job instead of recording it and going on."""
 
+    memory_check: Literal["fail", "warn", "off"] = "fail"
+    """The plan's memory estimate per rank against the device's memory (a logical NeuronCore's
+    24 GiB on trn2, the GPU's, the CPU's system memory shared by the node's ranks): fail stops a
+    plan that does not fit, naming its biggest parts and what would bring it under; warn lets it
+    start with a warning; off does not compare (the estimate is still recorded)."""
+
     objective: Literal[
         "final_loss", "first_loss", "tokens_per_second", "mfu", "peak_memory_gib", "wall_seconds"
     ] = "final_loss"

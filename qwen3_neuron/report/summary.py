@@ -14,9 +14,11 @@ from qwen3_neuron.errors import JobFailed
 from qwen3_neuron.run_dir import (
     FAILURE_FILE,
     LOG_FILE,
+    MEMORY_ESTIMATE_FILE,
     PEAK_FLOPS_FILE,
     STOP_FILE,
     SUMMARY_FILE,
+    TENSOR_MEMORY_FILE,
     read_json,
     read_metrics,
     write_json,
@@ -43,6 +45,9 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "tokens_per_second": tokens_per_second,
         "mfu": _mfu(flops_per_token, tokens_per_second, peak),
         "peak_memory_gib": max(peaks) if peaks else None,
+        # the plan's estimate per rank and what rank 0 measured (qwen3_neuron.config.memory)
+        "memory_estimate_gib": (read_json(run_dir / MEMORY_ESTIMATE_FILE) or {}).get("per_rank_gib"),
+        "tensor_memory_gib": (read_json(run_dir / TENSOR_MEMORY_FILE) or {}).get("tensor_memory_gib"),
         "wall_seconds": round(wall_seconds, 3),
         "error": None,
         "flops_per_token": flops_per_token,

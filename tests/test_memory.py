@@ -1,0 +1,96 @@
+"""The memory estimate per rank (qwen3_neuron.config.memory): its static parts against the local
+sizes of a really built and sharded model, the fit check, and a trained run's measurement."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import compose_config
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from qwen3_neuron.config.memory import GIB, meta_model
+from qwen3_neuron.config.plan import make_plan
+
+
+def _local_bytes(tensors) -> int:
+    storages = {}
+    for tensor in tensors:
+        local = tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+        storages[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def _built_static_gib(config, world_size: int) -> dict[str, float]:
+    """Rank 0 of `world_size` ranks: the model torchtitan's way (meta build), FSDP2 per block and
+    at the root as torchtitan applies it, over a fake process group (no processes: collectives do
+    nothing, shards are real); a gradient per parameter; torchtitan's optimizer stepped once."""
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        model = meta_model(config)
+        mesh = init_device_mesh("cpu", (world_size,))
+        for block in model.layers.values() if hasattr(model, "layers") else model.model.layers:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.to_empty(device="cpu")
+        parameters = list(model.parameters())
+        for parameter in parameters:
+            parameter.grad = torch.zeros_like(parameter)
+        optimizers = config.optimizer.build(model_parts=[model])
+        optimizers.step()
+        states = [
+            value for optimizer in optimizers.optimizers for state in optimizer.state.values()
+            for value in state.values()
+        ]  # fmt: skip
+        return {
+            "parameters_gib": _local_bytes(parameters) / GIB,
+            "gradients_gib": _local_bytes([p.grad for p in parameters]) / GIB,
+            "optimizer_gib": _local_bytes(states) / GIB,
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    "overrides, ranks",
+    [(["model.flavor=tiny"], 1), (["model.flavor=tiny"], 2), (["model=moe"], 2), (["model=hf"], 2)],
+    ids=["native-1-rank", "native-2-ranks", "moe-2-ranks", "hf-2-ranks"],
+)
+def test_static_parts_equal_the_local_sizes_of_a_sharded_model(tmp_path, assets, overrides, ranks):
+    plan = make_plan(compose_config(*overrides, f"run.nproc_per_node={ranks}"), tmp_path / "run")
+    estimate = plan.memory.to_json()
+    built = _built_static_gib(plan.trainer_config, ranks)
+    for part, gib in built.items():
+        assert estimate[part] == pytest.approx(gib, rel=1e-9), part
+
+
+def test_a_plan_that_does_not_fit_warns_with_memory_check_warn(tmp_path, assets, capsys):
+    plan = make_plan(compose_config("model.flavor=32B", "run.memory_check=warn"), tmp_path / "run")
+    memory = plan.memory
+    assert memory.per_rank_gib > memory.device_gib
+    # 32B parameters in float32, sharded over 2 ranks: 4 bytes each for weights and gradients, 8
+    # for AdamW's two states
+    assert memory.parameters_gib == pytest.approx(32.76e9 * 4 / 2 / GIB, rel=0.01)
+    assert memory.optimizer_gib == pytest.approx(2 * memory.parameters_gib, rel=1e-6)
+    warning = capsys.readouterr().err
+    assert "warning: the plan does not fit" in warning and f"{memory.per_rank_gib:.2f} GiB" in warning
+
+
+def test_a_trn2_dry_run_estimates_against_a_logical_neuroncore(tmp_path, assets):
+    plan = make_plan(compose_config("experiment=trn2_qwen3_4b_native", "run.dry_run=true"), tmp_path / "run")
+    memory = plan.memory
+    assert (memory.device, memory.device_gib, plan.world_size) == ("neuron", 24.0, 64)
+    assert 1 < memory.per_rank_gib < 24  # 4B over 64 FSDP ranks with full activation checkpointing
+    assert memory.recompute_gib > 0 and "of 24.0 GiB (neuron)" in memory.line()
+
+
+@pytest.mark.integration
+def test_the_estimate_is_within_a_quarter_of_what_the_default_run_measured(default_run):
+    summary = json.loads((default_run / "summary.json").read_text())
+    assert summary["tensor_memory_gib"] > 0
+    assert summary["tensor_memory_gib"] == pytest.approx(summary["memory_estimate_gib"], rel=0.25)
