@@ -25,6 +25,7 @@ from torchtitan.trainer import Trainer
 
 from qwen3_neuron.config import layout
 from qwen3_neuron.config.build import build_trainer_config
+from qwen3_neuron.config.memory import MemoryEstimate, check_fit, estimate_memory
 from qwen3_neuron.config.settings import Settings, parse_settings
 from qwen3_neuron.config.torchrun import torchrun_args
 from qwen3_neuron.devices import policy as devices
@@ -45,6 +46,7 @@ class Plan:
     replacements: list[str]  # torchtitan's "[Override] target: fqn Old -> New" lines
     job: dict[str, Any]  # what the workers rebuild from (job.yaml): the device and model dir settled
     notes: list[str] = field(default_factory=list)  # what the plan settled or could not check
+    memory: MemoryEstimate | None = None  # tensor memory per rank against the device's
 
     def replacements_by_override(self) -> dict[str, list[str]]:
         """{override target: ["fqn Old -> New", ...]}, for the summary."""
@@ -87,6 +89,8 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
         check_tokenizer_fits(config.hf_assets_path, model_dir.vocab_size)
     check_initial_hf_load(config, model.kind)  # from_hf: safetensors present, arch matches
     _check_local_paths(config)
+    memory = estimate_memory(config, world_size, device, nproc)
+    check_fit(memory, config, settings.run.memory_check, warn=lambda message: print(message, file=sys.stderr))
     command = [
         sys.executable, "-m", "torch.distributed.run", *torchrun_args(settings.run, nproc, run_dir),
         "-m", "qwen3_neuron.worker.train", str(run_dir),
@@ -98,7 +102,7 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
         "PYTHONPATH": _worker_pythonpath(),
     }
     job = _job(composed, device, model_dir)
-    return Plan(settings, device, nproc, config, command, env, replacements, job, notes)
+    return Plan(settings, device, nproc, config, command, env, replacements, job, notes, memory)
 
 
 def _job(composed: Mapping[str, Any], device: str, model_dir: HFModelDir | None) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from qwen3_neuron.report.hydra_callbacks import sweep_exit_code
 from qwen3_neuron.report.loss_check import check_run
 from qwen3_neuron.report.peak_flops import peak_for_plan, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, sweep_job_value, sweep_stop_reason, write_summary
-from qwen3_neuron.run_dir import METRICS_FILE
+from qwen3_neuron.run_dir import MEMORY_ESTIMATE_FILE, METRICS_FILE, write_json
 
 CONFIG_ERROR_EXIT = 2
 
@@ -65,6 +65,7 @@ def run_job(cfg: DictConfig) -> float | None:
     except (ConfigError, OmegaConfBaseException) as e:
         return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
     write_record(job.run_dir, plan.job, plan)
+    write_json(job.run_dir / MEMORY_ESTIMATE_FILE, plan.memory.to_json())
     if plan.settings.run.dry_run:
         _print_plan(plan, job.run_dir)
         return job.finish(0)
@@ -153,6 +154,7 @@ def _print_plan(plan: Plan, run_dir: Path) -> None:
     config["model_spec"] = f"{spec['name']} {spec['flavor']} (full model config: trainer_config.json)"
     print(json.dumps(config, indent=2, default=repr))
     print(f"\n[qwen3-neuron] device: {plan.device}, world size {plan.world_size}")
+    print(f"[qwen3-neuron] {plan.memory.line()}")
     for line in plan.replacements:
         print(f"[qwen3-neuron] {line}")
     for note in plan.notes:

@@ -28,6 +28,7 @@ def main(run_dir: Path) -> None:
     from torchtitan.tools.logging import init_logger, logger
 
     from qwen3_neuron.config.build import build_trainer_config
+    from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
 
     init_logger()
     config = build_trainer_config(job, run_dir, device)
@@ -48,7 +49,9 @@ def main(run_dir: Path) -> None:
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")
         else:
+            meter = measure_training(trainer)  # tensor_memory.json: what the plan's estimate predicts
             trainer.train()
+            write_measurement(trainer, meter, run_dir)
     except Exception as error:  # torchtitan raises on a non-finite loss, naming the step
         _record_failure(run_dir, error, config)
         raise
