@@ -44,6 +44,7 @@ from typing import Any
 from qwen3_neuron.run_dir import PEAK_FLOPS_FILE, write_json
 
 PEAK_CACHE_FILE = "peak_flops.json"
+CACHE_ENV_VAR = "QWEN3_NEURON_CACHE"  # the cache dir instead of ~/.cache/qwen3_neuron (tests: a temp dir)
 
 # Trainium2 (trn2): per chip, 8 physical NeuronCore-v3 (AWS Neuron docs, "Trainium2 Architecture").
 TRN2_CHIP_TFLOPS = {"bfloat16": 667.0, "float32": 181.0}
@@ -52,7 +53,7 @@ TRN2_CORES_PER_CHIP = 8
 CPU_SIZES = (256, 512, 1024, 2048)
 CUDA_SIZES = (4096, 8192)
 PROBE_SECONDS = 0.75  # per size, after a warm-up product
-MIN_REPEATS = 3
+MIN_REPEATS = 3  # per size; on a CPU 1 where one product alone takes longer than PROBE_SECONDS
 
 
 @dataclass
@@ -157,7 +158,7 @@ def _cuda_name() -> str:
 
 
 def cache_path() -> Path:
-    base = os.environ.get("QWEN3_NEURON_CACHE") or Path.home() / ".cache" / "qwen3_neuron"
+    base = os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "qwen3_neuron"
     return Path(base) / PEAK_CACHE_FILE
 
 
@@ -227,7 +228,14 @@ def probe(device: str, dtype: str, threads: int | None) -> PeakFlops:
     else:
         name = cpu_name()
     sizes = CPU_SIZES if device == "cpu" else CUDA_SIZES
-    rates = {n: _best_rate(torch, device, torch_dtype, n) for n in sizes}
+    rates = {}
+    for n in sizes:
+        rates[n], single = _best_rate(torch, device, torch_dtype, n)
+        if device == "cpu" and single > PROBE_SECONDS:
+            # one product outlasts a size's whole budget (bf16 on a CPU without bf16 units: about
+            # 1 GFLOP/s, 17 s for one 2048^3 product): larger sizes would take minutes, more under
+            # load, and on such a device they run no faster
+            break
     best_size = max(rates, key=rates.get)
     load = f", load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores" if device == "cpu" else ""
     return PeakFlops(
@@ -238,13 +246,14 @@ def probe(device: str, dtype: str, threads: int | None) -> PeakFlops:
         dtype=dtype,
         threads=threads if device == "cpu" else None,
         detail=(
-            f"best square matmul over sizes {list(sizes)} (best at {best_size}), {PROBE_SECONDS:g} s each, "
+            f"best square matmul over sizes {list(rates)} (best at {best_size}), {PROBE_SECONDS:g} s each, "
             f"torch {torch.__version__}, measured {time.strftime('%Y-%m-%d %H:%M:%S')}{load}"
         ),
     )
 
 
-def _best_rate(torch, device: str, dtype, n: int) -> float:
+def _best_rate(torch, device: str, dtype, n: int) -> tuple[float, float]:
+    """The best FLOP/s of n x n products over PROBE_SECONDS, and the warm-up product's seconds."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -254,15 +263,16 @@ def _best_rate(torch, device: str, dtype, n: int) -> float:
     single = time.perf_counter() - start
     # on a GPU one product is too short to time alone: time batches of about 20 ms
     batch = max(1, math.ceil(0.02 / max(single, 1e-6))) if device == "cuda" else 1
+    min_repeats = 1 if device == "cpu" and single > PROBE_SECONDS else MIN_REPEATS
     best, repeats, deadline = 0.0, 0, time.perf_counter() + PROBE_SECONDS
-    while repeats < MIN_REPEATS or time.perf_counter() < deadline:
+    while repeats < min_repeats or time.perf_counter() < deadline:
         start = time.perf_counter()
         for _ in range(batch):
             torch.mm(a, b)
         sync()
         best = max(best, batch * 2 * n**3 / (time.perf_counter() - start))
         repeats += 1
-    return best
+    return best, single
 
 
 def main(argv: list[str] | None = None) -> None:
