@@ -4,25 +4,39 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from qwen3_neuron.assets.build import build_assets
+from qwen3_neuron.assets.build import ASSETS_ENV_VAR, build_assets
 from qwen3_neuron.config import hydra_setup as project_compose
+from qwen3_neuron.report.peak_flops import CACHE_ENV_VAR
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ["HF_HUB_OFFLINE"] = "1"
 project_compose.register()
 
+# What a test session caches - the tiny assets, the measured peak FLOPs - lives under one temporary
+# dir for the session, never in the user's ~/.cache/qwen3_neuron. Set in this process's
+# environment, so every launch.py, torchrun worker and peak probe a test starts inherits it.
+SESSION_CACHE = Path(tempfile.mkdtemp(prefix="qwen3-neuron-tests-"))
+os.environ[ASSETS_ENV_VAR] = str(SESSION_CACHE / "assets")
+os.environ[CACHE_ENV_VAR] = str(SESSION_CACHE / "cache")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def assets():
-    """Built once into the user's asset cache (deterministic, reused across runs)."""
+    """Built once per session into the session's asset dir (deterministic: the same every time)."""
     return build_assets()
 
 
@@ -47,3 +61,45 @@ def launch(run_dir: Path | None, *overrides: str, timeout: int = 900) -> subproc
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# ---- what the integration tests train: sized here, once ------------------------------------
+
+# Short sequences and small batches (a quarter of the default job's 256 x 4 tokens per rank and
+# step; the CPU experiments' own size): start-up, not the steps, is then most of a launch, and the
+# loss still falls clearly within 10 steps.
+TINY = ("training.seq_len=128", "training.local_batch_size=2")
+# Sweep jobs: one rank, three short steps, no TensorBoard.
+SWEEP_JOB = ("training.steps=3", "training.seq_len=64", "training.local_batch_size=2", "run.nproc_per_node=1",
+             "metrics.enable_tensorboard=false")  # fmt: skip
+# Saves step-4 and step-8 of 10: a run to kill and resume, and its uninterrupted reference.
+CHECKPOINTED = (*TINY, "checkpointing=periodic", "checkpoint.interval=4", "training.steps=10")
+
+
+def trained(run_dir: Path, *overrides: str, timeout: int = 900) -> Path:
+    """`launch(run_dir, *overrides)`, which must succeed; returns `run_dir`."""
+    result = launch(run_dir, *overrides, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return run_dir
+
+
+# ---- runs trained once per session and asserted on by several test files --------------------
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory, assets) -> Path:
+    """The default job (tiny native Qwen3, 2 CPU ranks, no checkpoints), 10 steps."""
+    return trained(tmp_path_factory.mktemp("default") / "run", *TINY, "training.steps=10")
+
+
+@pytest.fixture(scope="session")
+def checkpointed_run(tmp_path_factory, assets) -> Path:
+    """The default job on 2 ranks saving periodic checkpoints: test_resume's uninterrupted
+    reference, and test_training's second run of the same seed."""
+    return trained(tmp_path_factory.mktemp("checkpointed") / "run", "run.nproc_per_node=2", *CHECKPOINTED)
+
+
+@pytest.fixture(scope="session")
+def moe_experiment_run(tmp_path_factory, assets) -> Path:
+    """experiment=cpu_qwen3_tiny_moe as it is: tiny MoE, blockwise experts, 2 ranks, 5 steps."""
+    return trained(tmp_path_factory.mktemp("moe-blockwise") / "run", "experiment=cpu_qwen3_tiny_moe", timeout=600)

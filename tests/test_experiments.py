@@ -1,7 +1,9 @@
 """The recipe's three trainings as named experiments: the trn2.48xlarge ones plan here as dry runs
 (no Trainium here), their CPU variants train.
 
-(cpu_qwen3_tiny_native trains in tests/test_parallelism.py, the FSDP run the layouts compare with.)
+(cpu_qwen3_tiny_native trains in tests/test_parallelism.py, the FSDP run the layouts compare with;
+cpu_qwen3_tiny_moe is conftest.py's `moe_experiment_run`, which tests/test_moe_training.py compares
+torchtitan's experts and a user kernel with.)
 """
 
 from __future__ import annotations
@@ -117,11 +119,8 @@ def test_every_named_experiment_composes(assets):
 
 
 @pytest.mark.integration
-def test_cpu_qwen3_tiny_moe_trains_with_the_blockwise_kernel(tmp_path, assets):
-    run_dir = tmp_path / "run"
-    result = launch(run_dir, "experiment=cpu_qwen3_tiny_moe", timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+def test_cpu_qwen3_tiny_moe_trains_with_the_blockwise_kernel(moe_experiment_run):
+    summary = json.loads((moe_experiment_run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 5
     assert summary["final_loss"] < summary["first_loss"] - 0.3
     assert len(summary["overrides"][BLOCKWISE]) == 2  # both MoE layers' experts

@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, launch, read_jsonl
+from conftest import CHECKPOINTED, REPO, launch, read_jsonl
 
 pytestmark = pytest.mark.integration
 
-STEPS = 10
-CHECKPOINTED = ["checkpointing=periodic", "checkpoint.interval=4", f"training.steps={STEPS}"]
+STEPS = 10  # CHECKPOINTED (conftest.py): 10 steps, a checkpoint every 4
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -25,10 +24,13 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_resume_after_kill_9_continues_with_identical_losses(tmp_path, assets, nproc):
+def test_resume_after_kill_9_continues_with_identical_losses(request, tmp_path, assets, nproc):
     ranks = f"run.nproc_per_node={nproc}"
-    uninterrupted = tmp_path / "uninterrupted"
-    assert launch(uninterrupted, ranks, *CHECKPOINTED).returncode == 0
+    if nproc == 2:  # the session's run of this config (test_training.py compares it too)
+        uninterrupted = request.getfixturevalue("checkpointed_run")
+    else:
+        uninterrupted = tmp_path / "uninterrupted"
+        assert launch(uninterrupted, ranks, *CHECKPOINTED).returncode == 0
 
     run_dir = tmp_path / "killed"
     process = subprocess.Popen(

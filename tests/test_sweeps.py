@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, compose_config, read_jsonl
+from conftest import REPO, SWEEP_JOB, compose_config, read_jsonl
 from hydra import compose, initialize_config_dir
 
 from qwen3_neuron.config import hydra_setup as project_compose
@@ -25,10 +25,7 @@ from qwen3_neuron.report.summary import JobFailed, crash_error, summarize, sweep
 from qwen3_neuron.report.sweep_table import COLUMNS, read_overrides, write_report
 
 # tiny and quick: every job of these sweeps starts one rank for three short steps
-SMALL = (
-    "training.steps=3", "training.seq_len=64", "training.local_batch_size=2",
-    "run.nproc_per_node=1", "metrics.enable_tensorboard=false",
-)  # fmt: skip
+SMALL = SWEEP_JOB
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

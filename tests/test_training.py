@@ -11,19 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, launch, read_jsonl
+from conftest import REPO, TINY, launch, read_jsonl
 
 pytestmark = pytest.mark.integration
 
 STEP_LINE = re.compile(r"step:\s+(\d+)\s+\S*loss:\s+([0-9.]+)")
 
 
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory, assets):
-    run_dir = tmp_path_factory.mktemp("default") / "run"
-    result = launch(run_dir, "training.steps=10")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return run_dir
+# default_run and checkpointed_run: conftest.py's session runs (test_resume.py resumes the latter's
+# config).
 
 
 def test_default_run_trains_and_the_loss_falls(default_run):
@@ -46,19 +42,19 @@ def test_metrics_and_summary_agree_with_what_the_workers_logged(default_run):
     assert summary["peak_memory_gib"] == max(r["peak_memory_gib"] for r in records)
 
 
-def test_same_seed_twice_gives_identical_losses(tmp_path, default_run):
-    again = tmp_path / "again"
-    assert launch(again, "training.steps=10").returncode == 0
+def test_same_seed_twice_gives_identical_losses(default_run, checkpointed_run):
+    # the same job launched again, saving checkpoints on the way (which must not change a loss)
+    assert list((checkpointed_run / "checkpoint").glob("step-*/.metadata"))
     first = [r["loss"] for r in read_jsonl(default_run / "metrics.jsonl")]
-    second = [r["loss"] for r in read_jsonl(again / "metrics.jsonl")]
-    assert first == second
+    second = [r["loss"] for r in read_jsonl(checkpointed_run / "metrics.jsonl")]
+    assert len(first) == 10 and first == second
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_stops_every_worker_and_keeps_completed_checkpoints(tmp_path, assets, signum):
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
-        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", "training.steps=500",
+        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *TINY, "training.steps=500",
          "checkpointing=periodic", "checkpoint.interval=2"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -76,7 +72,7 @@ def test_a_signal_stops_every_worker_and_keeps_completed_checkpoints(tmp_path, a
 
 def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(tmp_path, assets):
     run_dir = tmp_path / "run"
-    result = launch(run_dir, "optimizer.lr=1e6", "training.steps=8", "checkpointing=periodic", "checkpoint.interval=2")
+    result = launch(run_dir, *TINY, "optimizer.lr=1e6", "training.steps=8", "checkpointing=periodic", "checkpoint.interval=2")
     assert result.returncode != 0
     summary = json.loads((run_dir / "summary.json").read_text())
     nan_step = int(re.search(r"not finite .* at step (\d+)", summary["error"]).group(1))
