@@ -94,3 +94,15 @@ def test_the_estimate_is_within_a_quarter_of_what_the_default_run_measured(defau
     summary = json.loads((default_run / "summary.json").read_text())
     assert summary["tensor_memory_gib"] > 0
     assert summary["tensor_memory_gib"] == pytest.approx(summary["memory_estimate_gib"], rel=0.25)
+
+
+def test_planning_model_hf_leaves_transformers_weight_init_as_it_was(tmp_path, assets):
+    # the estimate builds the model through torchtitan's backend, which patches Transformers'
+    # init process-wide; the launcher later loads Transformers models of its own (export check)
+    from transformers import PreTrainedModel
+    from transformers.models.qwen3 import modeling_qwen3
+
+    before = (PreTrainedModel.__dict__["_init_weights"], modeling_qwen3.Qwen3DecoderLayer.__dict__["__init__"])
+    make_plan(compose_config("model=hf", "run.dry_run=true"), tmp_path / "run")
+    after = (PreTrainedModel.__dict__["_init_weights"], modeling_qwen3.Qwen3DecoderLayer.__dict__["__init__"])
+    assert after == before

@@ -28,6 +28,7 @@ the estimate with what runs measure (qwen3_neuron.worker.tensor_memory).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -37,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.models.hf.runtime import transformers_init_kept
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -237,7 +239,9 @@ def meta_model(config):
 
     model_config = copy.deepcopy(config.model_spec.model)
     model_config.update_from_config(config=copy.deepcopy(config))
-    with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
+    model_type = getattr(model_config, "model_type", None)  # model=hf: config.json's
+    kept = transformers_init_kept(model_type) if model_type else contextlib.nullcontext()
+    with kept, torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
         return model_config.build()
 
 

@@ -11,6 +11,9 @@ part of the model model=hf builds; made lazily (importing them pulls in transfor
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -44,9 +47,10 @@ def _make_pinned_config_class():
 
         _owner = HFModel
 
-        def __init__(self, model_config, pinned_from_hf: dict[str, Any] | None = None, **kwargs):
+        def __init__(self, model_config, pinned_from_hf: dict[str, Any] | None = None, model_type: str = "", **kwargs):
             super().__init__(model_config, **kwargs)
             self._pinned_from_hf = dict(pinned_from_hf or {})
+            self.model_type = model_type  # config.json's: which Transformers module builds it
 
         def update_from_config(self, *, config=None, **kwargs):
             super().update_from_config(config=config, **kwargs)
@@ -55,6 +59,32 @@ def _make_pinned_config_class():
             return self
 
     return PinnedHFConfig
+
+
+@contextmanager
+def transformers_init_kept(model_type: str) -> Iterator[None]:
+    """Put back what building a model through torchtitan's backend patches process-wide.
+
+    The backend rewrites Transformers' weight init when it builds a model (`PreTrainedModel`'s
+    `_init_weights` / `_initialize_weights`, the decoder layer's `__init__`): right for a worker
+    that trains it, wrong for the launcher, which builds one on the meta device only to count
+    it and later loads Transformers models of its own (the export check).
+    """
+    from transformers import PreTrainedModel
+
+    owners: list[type] = [PreTrainedModel]
+    try:
+        modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+        owners += [c for c in vars(modeling).values() if isinstance(c, type) and c.__module__ == modeling.__name__]
+    except ImportError:  # a model of remote code: only PreTrainedModel's own methods are known
+        pass
+    names = ("__init__", "_init_weights", "_initialize_weights")
+    saved = {(owner, name): owner.__dict__[name] for owner in owners for name in names if name in owner.__dict__}
+    try:
+        yield
+    finally:
+        for (owner, name), value in saved.items():
+            setattr(owner, name, value)
 
 
 def _init_rotary_buffers(hf_model) -> None:

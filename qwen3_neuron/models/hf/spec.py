@@ -72,7 +72,7 @@ def hf_model_spec(model_dir: HFModelDir, flavor: str):
     return ModelSpec(
         name=HF_BACKEND_NAME,
         flavor=flavor,
-        model=pinned_config_class()(model_config=titan, pinned_from_hf=pinned),
+        model=pinned_config_class()(model_config=titan, pinned_from_hf=pinned, model_type=model_dir.config["model_type"]),
         parallelize_fn=parallelize_hf_transformers,
         pipelining_fn=pipeline_hf_transformers,
         post_optimizer_build_fn=register_moe_load_balancing_hook,
