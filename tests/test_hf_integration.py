@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, launch, read_jsonl
+from conftest import REPO, TINY, launch, read_jsonl
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.integration
 
 LN_VOCAB = math.log(2048)
-TRAIN = ["training.steps=10", "optimizer.lr=3e-3", "lr_scheduler.warmup_steps=2"]
-FIRST_LOSS_ONLY = ["training.steps=1", "run.nproc_per_node=1", "lr_scheduler.warmup_steps=1"]
+TRAIN = [*TINY, "training.steps=10", "optimizer.lr=3e-3", "lr_scheduler.warmup_steps=2"]
+FIRST_LOSS_ONLY = [*TINY, "training.steps=1", "run.nproc_per_node=1", "lr_scheduler.warmup_steps=1"]
 
 
 def run(run_dir: Path, *overrides: str, ok: bool = True) -> dict:
