@@ -245,7 +245,7 @@ def test_torchtitan_cli_trains_tiny_qwen3_on_two_cpu_ranks(assets, tmp_path):
         "--nproc_per_node", str(devices.default_nproc("cpu")),
         "-m", "qwen3_neuron.worker.torchtitan_cli", "--device", "cpu",
         "--module", "qwen3", "--config", "qwen3_debugmodel",
-        "--training.steps", str(steps), "--training.seq_len", "128", "--training.local_batch_size", "2",
+        "--training.steps", str(steps), "--training.seq_len", "64", "--training.local_batch_size", "2",
         "--dataloader.dataset", "c4_test", "--dataloader.dataset_path", str(assets.text_dataset_dir),
         "--hf_assets_path", str(assets.tokenizer_dir), "--dump_folder", str(tmp_path),
         "--debug.seed", "0", "--checkpoint.no-enable", "--metrics.enable_tensorboard",
