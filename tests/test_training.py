@@ -55,7 +55,8 @@ def test_a_signal_stops_every_worker_and_keeps_completed_checkpoints(tmp_path, a
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *TINY, "training.steps=500",
-         "checkpointing=periodic", "checkpoint.interval=2"],
+         "checkpointing=periodic", "checkpoint.interval=2",
+         "checkpoint.keep_latest_k=0"],  # keep every step: fast steps would purge step-2 before the signal
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.time() + 300
