@@ -1,8 +1,10 @@
 """Stage 4, launch: run the planned torchrun command as a subprocess.
 
-torchrun gets its own process group so that Ctrl-C / SIGTERM reach it through the launcher once:
-the launcher forwards the signal, torchrun stops its workers, and if it does not within a grace
-period the whole group is killed. Worker output always goes to `train.log`; on screen either
+torchrun gets its own process group so that Ctrl-C / SIGTERM reach it through the launcher once.
+The launcher forwards either as SIGTERM, which torchrun passes on to its workers: a worker
+blocked in a collective never sees a KeyboardInterrupt, but SIGTERM ends it at once. torchrun
+starts each worker in a session of its own, so if torchrun has not stopped them within its own
+30 s close timeout plus a margin, the launcher kills torchrun's children as well as torchrun. Worker output always goes to `train.log`; on screen either
 all of it (verbose) or one live progress line fed by rank 0's metrics.jsonl (qwen3_neuron.launch.progress),
 with the end of train.log printed if the job fails.
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.run_dir import LOG_FILE
 
-GRACE_SECONDS = 30
+GRACE_SECONDS = 45  # torchrun's own close timeout is 30 s: let it finish first
 FAILURE_TAIL_LINES = 30
 
 
@@ -47,8 +49,8 @@ def run_torchrun(
 
     def forward(signum, _frame):
         received.append(signum)
-        _signal_group(process, signum)
-        kill_later = threading.Timer(GRACE_SECONDS, _signal_group, (process, signal.SIGKILL))
+        _signal_group(process, signal.SIGTERM)
+        kill_later = threading.Timer(GRACE_SECONDS, _kill_job, (process,))
         kill_later.daemon = True
         kill_later.start()
 
@@ -80,6 +82,30 @@ def _tee(process: subprocess.Popen, log_path: Path, echo: bool, tail: deque) -> 
                 sys.stdout.flush()
             log.write(line)
             tail.append(line)
+
+
+def _kill_job(process: subprocess.Popen) -> None:
+    for pid in _children(process.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _signal_group(process, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` (Linux /proc; elsewhere none are found and torchrun's group is all
+    that is killed)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
