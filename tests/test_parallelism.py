@@ -170,6 +170,15 @@ def test_a_users_compile_backend_is_kept(tmp_path, assets):
     assert plan_for(tmp_path).trainer_config.compile.backend == "inductor"  # cpu: torchtitan's
 
 
+@pytest.mark.parametrize("bf16_units, expected", [(False, "float32"), (True, "bfloat16")], ids=["emulated", "native"])
+def test_a_cpu_that_emulates_bf16_keeps_fsdp_parameters_in_float32(tmp_path, assets, monkeypatch, bf16_units, expected):
+    monkeypatch.setattr(devices, "_cpu_has_bf16_units", lambda: bf16_units)
+    assert plan_for(tmp_path).trainer_config.training.mixed_precision_param == expected
+    kept = plan_for(tmp_path, "training.mixed_precision_param=bfloat16").trainer_config.training
+    assert kept.mixed_precision_param == "bfloat16"  # the user's choice wins
+    assert plan_for(tmp_path, *NEURON_DRY_RUN).trainer_config.training.mixed_precision_param == "bfloat16"
+
+
 def test_neuron_env_keeps_what_the_user_exported(monkeypatch):
     monkeypatch.setenv("NEURON_CC_FLAGS", "--target=trn2 --lnc=2 -O1")
     env = devices.compiler_env("neuron")

@@ -62,6 +62,9 @@ def build_trainer_config(
     backend = devices.compile_backend(device)
     if backend and "backend" not in (composed.get("compile") or {}):
         config.compile.backend = backend  # the device's own torch.compile backend (neuron)
+    param_dtype = devices.mixed_precision_param(device)
+    if param_dtype and "mixed_precision_param" not in (composed.get("training") or {}):
+        config.training.mixed_precision_param = param_dtype  # float32 on a CPU that emulates bf16
     config.dump_folder = str(run_dir)
     config.override.imports = [
         *config.override.imports,

@@ -146,6 +146,22 @@ def compile_backend(device_type: str) -> str | None:
     return _COMPILE_BACKENDS.get(device_type)
 
 
+def mixed_precision_param(device_type: str) -> str | None:
+    """FSDP's parameter dtype (`training.mixed_precision_param`) when the user sets none; None:
+    torchtitan's (bfloat16). A CPU without bf16 matmul units (AVX512_BF16, AMX) emulates bf16:
+    a tiny Qwen3 step runs about 10x slower than in float32 there."""
+    _check_known(device_type)
+    if device_type == "cpu" and not _cpu_has_bf16_units():
+        return "float32"
+    return None
+
+
+def _cpu_has_bf16_units() -> bool:
+    # torch's own probes (the ones its CPU kernels dispatch on); absent ones count as "no"
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
 def compiler_env(device_type: str) -> dict[str, str]:
     """Compiler/runtime variables the device's workers need, minus those the user exported
     (theirs are kept: the launcher passes its own environment on)."""
