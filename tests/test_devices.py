@@ -196,8 +196,13 @@ block = torch.ones(2**24)  # 64 MiB, touched
 stats = monitor.get_peak_stats()
 monitor.reset_peak_stats()
 import torchtitan.experiments.transformers_modeling_backend.model as hf_model
-from qwen3_neuron.kernels.attention.sdpa import hf_sdpa_attention_forward
+from qwen3_neuron.kernels.attention.sdpa import dense_mask, hf_sdpa_attention_forward
+from torch.nn.attention.flex_attention import create_block_mask
+from torchtitan.models.common import attention
+causal = attention.create_attention_mask(attention.get_causal_mask_mod(), 1, None, 256, 256, device="cpu")
 print(json.dumps({
+    "block_mask_is_eager": attention._compiled_create_block_mask is create_block_mask,
+    "causal_mask_is_lower_triangular": torch.equal(dense_mask(causal)[0, 0], torch.ones(256, 256).tril().bool()),
     "device_type": utils.device_type,
     "copied_device_type": dist_utils.device_type,
     "device_index": monitor.device_index,
@@ -223,6 +228,7 @@ def test_install_cpu_makes_torchtitan_memory_monitor_report_peak_rss():
     assert report["capacity_gib"] > report["peak_active_gib"]
     assert report["has_set_timeout"]
     assert report["hf_attention_is_sdpa"]
+    assert report["block_mask_is_eager"] and report["causal_mask_is_lower_triangular"]
 
 
 # ---- bare torchtitan, 2 CPU ranks, FSDP on gloo ------------------------------------------------
@@ -249,6 +255,8 @@ def test_torchtitan_cli_trains_tiny_qwen3_on_two_cpu_ranks(assets, tmp_path):
         "--dataloader.dataset", "c4_test", "--dataloader.dataset_path", str(assets.text_dataset_dir),
         "--hf_assets_path", str(assets.tokenizer_dir), "--dump_folder", str(tmp_path),
         "--debug.seed", "0", "--checkpoint.no-enable", "--metrics.enable_tensorboard",
+        # what the launcher picks on a CPU that emulates bf16 (torchtitan's CLI keeps its bf16)
+        *(("--training.mixed_precision_param", dtype) if (dtype := devices.mixed_precision_param("cpu")) else ()),
     ]  # fmt: skip
     env = {**os.environ, **devices.worker_env("cpu"), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)

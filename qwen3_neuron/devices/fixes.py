@@ -37,6 +37,7 @@ def install(device_type: str) -> None:
         _sum_fsdp_gradients_without_premul_sum()  # fix 6
         _use_plain_fsdp_mesh_without_spmd_types_support()  # fix 7
         _route_hf_flex_attention_to_sdpa()  # fix 5 (fix 4 is an override: override_imports)
+        _build_block_masks_without_compiling()  # fix 8
     elif device_type == "neuron":
         # Registers torch.neuron and the `neuron` backend (torch autoloads it unless
         # TORCH_DEVICE_BACKEND_AUTOLOAD=0, in which case the import is required).
@@ -245,6 +246,28 @@ def _use_hf_sdpa_attention(model_module: types.ModuleType) -> None:
     from qwen3_neuron.kernels.attention.sdpa import hf_sdpa_attention_forward
 
     model_module.flex_attention_forward = hf_sdpa_attention_forward
+
+
+# ---- fix 8: BlockMasks built without torch.compile ------------------------------------------
+
+_ATTENTION_MODULE = "torchtitan.models.common.attention"
+
+
+def _build_block_masks_without_compiling() -> None:
+    """Fix 8: torchtitan builds every BlockMask through `torch.compile(create_block_mask)`, which
+    costs each worker seconds of Dynamo tracing before step 1 (and again for each new shape). Where
+    flex_attention cannot train, fix 4 and 5 only ever evaluate the mask's `mask_mod` densely, so
+    the eager `create_block_mask` gives the same mask without the compile."""
+    if _flex_attention_trains_on_cpu():
+        return
+    _after_import(_ATTENTION_MODULE, _use_eager_create_block_mask)
+
+
+def _use_eager_create_block_mask(attention_module: types.ModuleType) -> None:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    # `create_attention_mask` looks this global up on every call, whoever imported it by name
+    attention_module._compiled_create_block_mask = create_block_mask
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
