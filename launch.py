@@ -15,11 +15,14 @@ import hydra
 from omegaconf import DictConfig
 
 from qwen3_neuron.config.hydra_setup import experiment_without_plus, register
-from qwen3_neuron.launch.job import exit_code, run_job
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    # imported once Hydra has composed: the job imports torchtitan (seconds), which a
+    # misspelled group option or a command-line typo need not wait for
+    from qwen3_neuron.launch.job import run_job
+
     return run_job(cfg)
 
 
@@ -27,4 +30,6 @@ if __name__ == "__main__":
     register()  # torchtitan's sections and the project's resolvers, before Hydra composes
     sys.argv = experiment_without_plus(sys.argv)
     main()
+    from qwen3_neuron.launch.job import exit_code
+
     sys.exit(exit_code())

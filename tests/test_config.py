@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from conftest import compose_config, launch
+from torchtitan.trainer import Trainer
 
+from qwen3_neuron.config.hydra_setup import TRAINER_SECTIONS
 from qwen3_neuron.config.plan import make_plan
 from qwen3_neuron.errors import ConfigError
 
@@ -26,6 +30,14 @@ def test_default_config_plans_tiny_native_on_two_cpu_ranks(tmp_path, assets):
     # fields nobody set keep the base config function's (qwen3_32b) values
     assert config.checkpoint.export_dtype == "float16"
     assert config.optimizer.param_groups[0].optimizer_kwargs["weight_decay"] == 0.1
+
+
+def test_hydra_opens_exactly_torchtitans_trainer_sections():
+    sections = [
+        f.name for f in dataclasses.fields(Trainer.Config)
+        if f.name != "model_spec" and f.default_factory is not dataclasses.MISSING
+    ]  # fmt: skip
+    assert list(TRAINER_SECTIONS) == sections
 
 
 def test_overrides_reach_the_trainer_config(tmp_path, assets):

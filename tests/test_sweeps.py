@@ -338,6 +338,7 @@ def test_peak_is_taken_from_the_machine_cache_and_neuron_uses_the_vendor_figure(
 
 def test_training_dtype_follows_fsdp_mixed_precision(tmp_path, assets):
     config = make_plan(compose_config(), tmp_path / "run").trainer_config
+    config.training.mixed_precision_param = "bfloat16"
     assert training_dtype(config) == "bfloat16"  # mixed_precision_param, FSDP's compute dtype
     config.training.mixed_precision_param = "float32"
     assert training_dtype(config) == "float32"

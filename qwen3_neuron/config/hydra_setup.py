@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -19,6 +18,15 @@ from qwen3_neuron.assets import build as assets
 from qwen3_neuron.config.settings import SECTIONS
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+# Trainer.Config's sections: its fields with a default factory, `model_spec` aside. Written out so
+# that Hydra composes without importing torchtitan (seconds before a typo could be reported);
+# tests/test_config.py holds the list equal to torchtitan's own.
+TRAINER_SECTIONS = (
+    "profiler", "metrics", "tokenizer", "dataloader", "optimizer", "lr_scheduler", "training",
+    "parallelism", "checkpoint", "activation_checkpoint", "compile", "comm", "validator", "debug",
+    "override", "loss",
+)  # fmt: skip
 
 
 def register() -> None:
@@ -40,17 +48,11 @@ def register_resolvers() -> None:
 
 
 def _open_sections():
-    from torchtitan.trainer import Trainer
-
-    names = [f.name for f in dataclasses.fields(Trainer.Config) if _is_section(f)] + list(SECTIONS)
+    names = [*TRAINER_SECTIONS, *SECTIONS]
     node = OmegaConf.create({name: {} for name in names})
     for name in names:
         OmegaConf.set_struct(node[name], False)
     return node
-
-
-def _is_section(field: dataclasses.Field) -> bool:
-    return field.name != "model_spec" and field.default_factory is not dataclasses.MISSING
 
 
 def _asset(name: str) -> str:

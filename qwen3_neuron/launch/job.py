@@ -13,6 +13,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -20,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from qwen3_neuron.config.hydra_setup import register_resolvers
-from qwen3_neuron.config.plan import Plan, make_plan
 from qwen3_neuron.config.resume import resumed_config
+from qwen3_neuron.config.settings import parse_settings
 from qwen3_neuron.errors import ConfigError, ExportError
 from qwen3_neuron.hf_io.export import export_after_training
 from qwen3_neuron.launch import slurm
@@ -33,6 +34,9 @@ from qwen3_neuron.report.loss_check import check_run
 from qwen3_neuron.report.peak_flops import peak_for_plan, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, sweep_job_value, sweep_stop_reason, write_summary
 from qwen3_neuron.run_dir import MEMORY_ESTIMATE_FILE, METRICS_FILE, write_json
+
+if TYPE_CHECKING:
+    from qwen3_neuron.config.plan import Plan
 
 CONFIG_ERROR_EXIT = 2
 
@@ -61,7 +65,7 @@ def run_job(cfg: DictConfig) -> float | None:
         if composed["run"]["resume"]:
             composed = resumed_config(job.run_dir, composed, list(hydra_config.overrides.task))
         composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
-        plan = make_plan(composed, job.run_dir)
+        plan = _plan(composed, job.run_dir)
     except (ConfigError, OmegaConfBaseException) as e:
         return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
     write_record(job.run_dir, plan.job, plan)
@@ -70,6 +74,13 @@ def run_job(cfg: DictConfig) -> float | None:
         _print_plan(plan, job.run_dir)
         return job.finish(0)
     return job.train(plan)
+
+
+def _plan(composed: dict, run_dir: Path) -> Plan:
+    parse_settings(composed)  # the framework's own sections first: their typos need no torchtitan
+    from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
+
+    return make_plan(composed, run_dir)
 
 
 def exit_code() -> int:
