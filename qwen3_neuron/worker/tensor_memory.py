@@ -27,7 +27,6 @@ import os
 from pathlib import Path
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from qwen3_neuron.run_dir import TENSOR_MEMORY_FILE, write_json
 
@@ -85,7 +84,13 @@ def _unpack(packed):
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor  # no autograd op inside a hook
+    """The plain tensor that holds the bytes: a DTensor's local shard, and inside it what a
+    wrapper subclass wraps (TP's outputs can be an AsyncCollectiveTensor, whose own storage is
+    not real). Attribute reads only: no autograd op may run inside a hook."""
+    while hasattr(type(tensor), "__tensor_flatten__"):
+        inner_names, _ = tensor.__tensor_flatten__()
+        tensor = getattr(tensor, inner_names[0])
+    return tensor
 
 
 def measure_training(trainer) -> SavedTensorMeter:
