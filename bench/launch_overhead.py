@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from qwen3_neuron.assets.build import DATASET_NAME, build_assets  # noqa: E402
+from qwen3_neuron.devices.policy import mixed_precision_param  # noqa: E402
 
 STEP = re.compile(r"step:\s+(\d+).*?tps: ([0-9,]+)")
 SELECTIVE_AC = "torchtitan.distributed.activation_checkpoint.SelectiveAC.Config"
@@ -43,6 +44,8 @@ def shared_settings(steps: int) -> dict[str, object]:
         "lr_scheduler.warmup_steps": 2,
         "debug.seed": 42,
         "metrics.log_freq": 1,
+        # the dtype launch.py picks for this CPU, given to both sides (bare torchtitan keeps bf16)
+        "training.mixed_precision_param": mixed_precision_param("cpu") or "bfloat16",
         "hf_assets_path": paths.tokenizer_dir,
         "dataloader.dataset": DATASET_NAME,
         "dataloader.dataset_path": paths.text_dataset_dir,
