@@ -187,7 +187,7 @@ class PackedDataset(IterableDataset, Stateful):
         state = {
             "epoch": self._epoch,
             "packer": self._packer.state_dict(),
-            "ready": self._ready,
+            "ready": list(self._ready),
             "stats": dict(self.stats),
         }
         if isinstance(self._data, datasets.Dataset):

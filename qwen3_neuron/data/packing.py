@@ -84,10 +84,12 @@ class Packer:
         return sample
 
     def state_dict(self) -> dict:
-        return {"inputs": self.inputs, "labels": self.labels, "positions": self.positions, "padding": self.padding}
+        # copies: the buffers grow in place after the state is taken
+        return {"inputs": list(self.inputs), "labels": list(self.labels), "positions": list(self.positions),
+                "padding": self.padding}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
-        self.inputs, self.labels, self.positions = state["inputs"], state["labels"], state["positions"]
+        self.inputs, self.labels, self.positions = list(state["inputs"]), list(state["labels"]), list(state["positions"])
         self.padding = state["padding"]
 
 
