@@ -8,6 +8,8 @@ A validation set must not be empty; torchtitan's Validator must be told how many
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from torchtitan.trainer import Trainer
 
 from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_messages
@@ -17,11 +19,27 @@ from qwen3_neuron.data.sources import first_rows, is_validation_row
 from qwen3_neuron.errors import ConfigError
 
 PEEK_ROWS = 64
+# torchtitan's registered data sets that live on the Hub (text_datasets.DATASETS): data=c4
+HUB_REGISTERED = {"c4": "allenai/c4", "c4_validation": "allenai/c4"}
+
+
+def _check_hub_cache(repo_id: str, key: str) -> None:
+    """Runs are offline: a Hub data set must be in the local HF cache already."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    folder = Path(HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}"
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{key}: {repo_id} is not in the local HF cache ({HF_HUB_CACHE}) and runs are offline. "
+            f"Download it once with network: `hf download {repo_id} --repo-type dataset`"
+        )
 
 
 def check_data(config: Trainer.Config, world_size: int) -> None:
     """Raise ConfigError on a data section the workers could not train on."""
     loader = config.dataloader
+    if getattr(loader, "dataset", None) in HUB_REGISTERED and not loader.dataset_path:
+        _check_hub_cache(HUB_REGISTERED[loader.dataset], f"dataloader.dataset={loader.dataset}")
     if not isinstance(loader, PackedDataLoader.Config):
         return
     tokenizer = _tokenizer(config)
