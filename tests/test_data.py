@@ -225,3 +225,35 @@ def test_resuming_from_the_state_gives_the_very_next_samples(tmp_path, tokenizer
         assert a["input"].tolist() == b["input"].tolist()
         assert a["positions"].tolist() == b["positions"].tolist()
         assert a_labels.tolist() == b_labels.tolist()
+
+
+# ---- the launcher's side: show_data, metrics merging, the sweep objective -------------------------
+
+
+def test_show_data_prints_rank_0_samples_with_the_spans_without_loss_marked(tmp_path, assets):
+    from conftest import compose_config
+
+    from qwen3_neuron.config.plan import make_plan
+    from qwen3_neuron.data.preview import show_samples
+
+    plan = make_plan(compose_config("data=chat", "training.seq_len=128", "run.show_data=1"), tmp_path / "run")
+    text = show_samples(plan.trainer_config, 1, dp_world_size=2)
+    first = json.loads(assets.chat_train_file.read_text().splitlines()[0])["messages"]
+    assert text.startswith("=== sample 1 of rank 0: 1 document(s)")
+    assert f"⟦<|im_start|>system\n{first[0]['content']}<|im_end|>\n<|im_start|>user\n{first[1]['content']}" in text
+    assert f"<|im_start|>assistant\n⟧{first[2]['content']}<|im_end|>⟦\n<|im_start|>user" in text
+    assert f"⟧{first[4]['content']}<|im_end|>" in text
+    assert "⟦pad ×" in text
+
+
+def test_validation_records_merge_into_their_step_and_val_loss_is_an_objective(tmp_path):
+    from qwen3_neuron.report.summary import summarize, sweep_job_value
+    from qwen3_neuron.run_dir import read_metrics
+    from qwen3_neuron.worker.metrics import validation_record
+
+    lines = [{"step": 1, "loss": 7.5}, validation_record({"validation_metrics/loss": 7.25}, 1), {"step": 2, "loss": 7.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert read_metrics(tmp_path)[0] == {"step": 1, "loss": 7.5, "val_loss": 7.25, "val_perplexity": pytest.approx(1408.1, abs=0.1)}
+    summary = summarize(tmp_path, "completed", 1.0)
+    assert (summary["final_loss"], summary["val_loss"], summary["val_step"]) == (7.0, 7.25, 1)
+    assert sweep_job_value(summary, "val_loss", stop_on_failure=False) == 7.25

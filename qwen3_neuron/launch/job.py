@@ -20,8 +20,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from qwen3_neuron.config.hydra_setup import register_resolvers
+from qwen3_neuron.config.layout import resolve_degrees
 from qwen3_neuron.config.plan import Plan, make_plan
 from qwen3_neuron.config.resume import resumed_config
+from qwen3_neuron.data.preview import show_samples
 from qwen3_neuron.errors import ConfigError, ExportError
 from qwen3_neuron.hf_io.export import export_after_training
 from qwen3_neuron.launch import slurm
@@ -68,6 +70,9 @@ def run_job(cfg: DictConfig) -> float | None:
     write_json(job.run_dir / MEMORY_ESTIMATE_FILE, plan.memory.to_json())
     if plan.settings.run.dry_run:
         _print_plan(plan, job.run_dir)
+        return job.finish(0)
+    if plan.settings.run.show_data:
+        _show_data(plan, plan.settings.run.show_data)
         return job.finish(0)
     return job.train(plan)
 
@@ -161,6 +166,14 @@ def _print_plan(plan: Plan, run_dir: Path) -> None:
         print(f"[qwen3-neuron] note: {note}")
     print(f"[qwen3-neuron] command: {plan.command_line()}")
     print(f"[qwen3-neuron] dry run: nothing started; record in {run_dir}")
+
+
+def _show_data(plan: Plan, count: int) -> None:
+    """run.show_data=N: rank 0's first N packed samples, in this process; nothing trains."""
+    config = plan.trainer_config
+    degrees = resolve_degrees(config.parallelism, plan.world_size)
+    print(show_samples(config, count, dp_world_size=degrees.dp_replicate * degrees.dp_shard))
+    print(f"[qwen3-neuron] run.show_data={count}: rank 0's first {count} samples shown; nothing trained")
 
 
 def _discard_hydra_only_dir(run_dir: Path) -> None:
