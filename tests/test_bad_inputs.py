@@ -88,7 +88,7 @@ PLAN_TIME = [
     (["data=text", "data.overlong=cut"], ["data.overlong", "'truncate'", "'drop'", "'split'"]),
     (["data=text", "data.files=null", "data.hf_dataset=nobody/no-such-set"],
      ["data.hf_dataset=nobody/no-such-set", "not in the local HF cache", "hf download nobody/no-such-set --repo-type dataset"]),
-    (["data=text", "data.hf_dataset=nobody/no-such-set"], ["set exactly one of files or hf_dataset (got both)"]),
+    (["data=text", "data.hf_dataset=nobody/no-such-set"], ["set exactly one of files or hf_dataset (got both"]),
     (["data=mix", "data.sources=[{files:'{bad}/texts.jsonl',weight:0}]"], ["data.sources[0].weight=0.0", "must be > 0"]),
     (["data=mix", "data.sources=[{files:'{bad}/texts.jsonl',wieght:2}]"], ["data.sources[0].wieght", "'weight'"]),
     (["data=c4"], ["dataloader.dataset=c4: allenai/c4 is not in the local HF cache", "hf download allenai/c4"]),

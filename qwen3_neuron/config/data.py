@@ -73,8 +73,8 @@ def validation_sources(data: DataSettings, train_sources: list[DataSource]) -> l
 
 def _checked_source(source: DataSource, key: str) -> DataSource:
     if bool(source.files) == bool(source.hf_dataset):
-        raise ConfigError(f"{key}: set exactly one of files or hf_dataset"
-                          f" (got {'both' if source.files else 'neither'})")  # fmt: skip
+        raise ConfigError(f"{key}: set exactly one of files or hf_dataset (got {'both' if source.files else 'neither'}; "
+                          f"e.g. {key}.files=/path/to/train.jsonl)")  # fmt: skip
     if source.format == "chat" and source.overlong == "split":
         raise ConfigError(f"{key}.overlong=split is for text; a conversation cut in two loses its context. "
                           "Use truncate or drop")  # fmt: skip

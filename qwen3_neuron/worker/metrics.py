@@ -35,6 +35,7 @@ _FIELDS = {
     "throughput(tps)": "tps_per_device",
     "tflops": "tflops_per_device",
     "memory/max_reserved(GiB)": "peak_memory_gib",
+    "time_metrics/data_loading(%)": "data_loading_pct",  # share of the logged interval spent waiting for data
 }
 
 
