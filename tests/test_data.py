@@ -257,3 +257,17 @@ def test_validation_records_merge_into_their_step_and_val_loss_is_an_objective(t
     summary = summarize(tmp_path, "completed", 1.0)
     assert (summary["final_loss"], summary["val_loss"], summary["val_step"]) == (7.0, 7.25, 1)
     assert sweep_job_value(summary, "val_loss", stop_on_failure=False) == 7.25
+
+
+def test_the_progress_line_shows_the_last_validation_loss(tmp_path):
+    import io
+
+    from qwen3_neuron.launch.progress import Progress
+
+    metrics = tmp_path / "metrics.jsonl"
+    progress = Progress(metrics, total_steps=4, stream=io.StringIO())
+    lines = [{"step": 1, "loss": 7.5, "elapsed_seconds": 1.0}, {"step": 1, "val_loss": 7.25},
+             {"step": 2, "loss": 7.0, "elapsed_seconds": 2.0}]  # fmt: skip
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert progress._poll()
+    assert progress.line().startswith("[qwen3-neuron]  step 2/4  loss 7.0000  val 7.2500")

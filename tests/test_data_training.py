@@ -1,7 +1,8 @@
 """data=chat and data=text train on 2 CPU ranks: one launch each, shared by every assertion here.
 
 - chat: the tiny multi-turn conversations (many longer than the 128-token sequences: truncated
-  and counted), validation on the held-out file, validated at steps 1, 3 and 6.
+  and counted), validation on the held-out file, validated at steps 1, 3 and 6, a checkpoint at
+  steps 3 and 6: the reference a killed and resumed twin must match.
 - text: a .txt file of paragraphs, streamed, a tenth carved out for validation, long documents
   split across samples.
 """
@@ -10,16 +11,21 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY, launch, read_jsonl
+from conftest import REPO, TINY, launch, read_jsonl
+from test_resume import _kill_everything_mentioning, _wait_for
 
 from qwen3_neuron.assets.build import stdlib_docstrings
 
 pytestmark = pytest.mark.integration
 
 CHAT_STEPS, TEXT_STEPS = 6, 5
+CHAT = ("data=chat", f"training.steps={CHAT_STEPS}", "validator.freq=3", "validator.steps=2",
+        "checkpointing=periodic", "checkpoint.interval=3")  # fmt: skip
 
 
 def launched(run_dir: Path, *overrides: str):
@@ -31,7 +37,7 @@ def launched(run_dir: Path, *overrides: str):
 @pytest.fixture(scope="session")
 def chat_run(tmp_path_factory, assets):
     run_dir = tmp_path_factory.mktemp("chat") / "run"
-    return launched(run_dir, "data=chat", f"training.steps={CHAT_STEPS}", "validator.freq=3", "validator.steps=2")
+    return launched(run_dir, *CHAT)
 
 
 @pytest.fixture(scope="session")
@@ -111,3 +117,34 @@ def test_text_run_from_a_txt_file_streams_splits_and_validates(text_run):
     config = json.loads((run_dir / "trainer_config.json").read_text())
     assert config["dataloader"]["streaming"] is True
     assert not (run_dir / "data_cache").exists() or not any((run_dir / "data_cache").rglob("*.arrow"))  # streamed
+
+
+def test_chat_run_killed_and_resumed_continues_with_the_same_data_and_losses(chat_run, tmp_path):
+    """The data position (row index, packer buffer, samples packed but not handed out) is in the
+    checkpoint: steps 4-6 after a kill -9 and run.resume see the very batches the uninterrupted
+    run saw, so their losses and the step-6 validation are identical."""
+    reference_dir, _ = chat_run
+    run_dir = tmp_path / "killed"
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *TINY, *CHAT],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    _wait_for(lambda: (run_dir / "checkpoint" / "step-3" / ".metadata").exists() and _steps(run_dir) >= 4, process)
+    _kill_everything_mentioning(str(run_dir))
+    process.wait(timeout=60)
+    assert not (run_dir / "summary.json").exists()
+    result = launch(None, f"run.resume={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    resumed, reference = _losses(run_dir), _losses(reference_dir)
+    assert [resumed[s] for s in range(4, CHAT_STEPS + 1)] == [reference[s] for s in range(4, CHAT_STEPS + 1)]
+    assert summary_of(run_dir)["val_loss"] == summary_of(reference_dir)["val_loss"]
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r}
+
+
+def _steps(run_dir: Path) -> int:
+    """Training steps logged so far (a line still being written is not one)."""
+    path = run_dir / "metrics.jsonl"
+    return sum('"loss"' in line and line.endswith("}") for line in path.read_text().splitlines()) if path.exists() else 0
