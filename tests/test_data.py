@@ -69,6 +69,24 @@ def test_multi_turn_labels_are_exactly_each_assistant_turn_and_its_end_token(tok
     assert tokenizer.decode(kept, skip_special_tokens=False) == "Hello!<|im_end|>It is 4.<|im_end|>"
 
 
+# Qwen3's own template renders the last assistant turn with an (empty) <think> block and the
+# earlier ones without: a turn is not rendered the same as a prefix and inside the whole. This
+# template (the project's, written for the test) does the same.
+THINKING_LAST_TURN = (
+    r"{%- for message in messages %}{%- if message.role == 'assistant' and loop.last %}"
+    r"{{ '<|im_start|>assistant\n<think>\n\n</think>\n\n' + message.content + '<|im_end|>\n' }}"
+    r"{%- else %}{{ '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}{%- endif %}"
+    r"{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+
+def test_a_template_that_renders_the_last_turn_differently_still_masks_every_assistant_turn(assets):
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(assets.tokenizer_dir))
+    tokenizer.set_chat_template(THINKING_LAST_TURN)
+    ids, trained = ChatRenderer(tokenizer).tokens(CONVERSATION)
+    assert spans_of(tokenizer, ids, trained) == ["Hello!<|im_end|>", "<think>\n\n</think>\n\nIt is 4.<|im_end|>"]
+
+
 def test_prompt_response_row_trains_on_the_response_and_its_end_token(tokenizer):
     row = {"instruction": "Name a prime.", "output": "Seven."}
     messages = row_messages(row, "messages", "instruction", "output")
