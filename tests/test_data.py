@@ -289,3 +289,26 @@ def test_the_progress_line_shows_the_last_validation_loss(tmp_path):
     metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert progress._poll()
     assert progress.line().startswith("[qwen3-neuron]  step 2/4  loss 7.0000  val 7.2500")
+
+
+def test_a_mix_interleaves_text_and_chat_sources_by_weight(tmp_path, tokenizer, assets):
+    from conftest import compose_config
+
+    from qwen3_neuron.config.plan import make_plan
+    from qwen3_neuron.data.loader import PackedDataLoader
+
+    texts = write_jsonl(tmp_path / "texts.jsonl", [{"text": f"plain text number {i}"} for i in range(50)])
+    chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 50)
+    config = PackedDataLoader.Config(sources=[
+        DataSource(files=str(texts), format="text", overlong="split", weight=3.0),
+        DataSource(files=str(chats), format="chat", weight=1.0),
+    ], cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=32, local_batch_size=1)
+    kinds = []
+    for _, (batch, labels) in zip(range(40), loader):
+        has_prompt = bool((labels == IGNORE_INDEX).any()) and batch["input"][0, 0] == tokenizer.token_to_id("<|im_start|>")
+        kinds.append("chat" if has_prompt else "text")
+    assert 0 < kinds.count("chat") < kinds.count("text")  # weights 3:1, a seeded draw
+    assert loader.data_stats()["documents"] > 0
+    plan = make_plan(compose_config("data=mix"), tmp_path / "run")  # conf/data/mix.yaml's example
+    assert [s.format for s in plan.trainer_config.dataloader.sources] == ["text", "chat"]

@@ -90,15 +90,17 @@ class PackedDataset(IterableDataset, Stateful):
         if self._chat is not None:
             s = self.source
             return self._chat.tokens(row_messages(row, s.messages_field, s.prompt_field, s.response_field))
-        text = row[self.source.text_field]
-        tokens = self._tokenizer.encode(text if isinstance(text, str) else str(text), add_bos=True, add_eos=True)
+        text = row.get(self.source.text_field)
+        if not isinstance(text, str):
+            raise ChatFormatError(f"data.text_field={self.source.text_field}: expected a string, got {text!r:.40}")
+        tokens = self._tokenizer.encode(text, add_bos=True, add_eos=True)
         return tokens, [True] * len(tokens)
 
     def _document(self, row: dict[str, Any]) -> tuple[list[int], list[int]] | None:
         try:
             tokens, trained = self.row_tokens(row)
-        except ChatFormatError as e:
-            self._count("skipped", f"row {self._sample_idx} is not a conversation ({e}): skipped")
+        except ChatFormatError as e:  # checked on the first rows at plan time; a later bad row is skipped, counted
+            self._count("skipped", f"row {self._sample_idx} cannot be read ({e}): skipped")
             return None
         inputs, labels = document(tokens, trained)
         if len(inputs) > self.seq_len:
