@@ -87,7 +87,7 @@ PLAN_TIME = [
     (["data=chat", "data.overlong=split"], ["data.overlong=split is for text", "truncate or drop"]),
     (["data=text", "data.overlong=cut"], ["data.overlong", "'truncate'", "'drop'", "'split'"]),
     (["data=text", "data.files=null", "data.hf_dataset=nobody/no-such-set"],
-     ["data.hf_dataset=nobody/no-such-set", "not in the local HF cache", "hf download nobody/no-such-set --repo-type dataset"]),
+     ["data.hf_dataset=nobody/no-such-set", "cannot be read from the local HF cache", "hf download nobody/no-such-set --repo-type dataset"]),
     (["data=text", "data.hf_dataset=nobody/no-such-set"], ["set exactly one of files or hf_dataset (got both"]),
     (["data=mix", "data.sources=[{files:'{bad}/texts.jsonl',weight:0}]"], ["data.sources[0].weight=0.0", "must be > 0"]),
     (["data=mix", "data.sources=[{files:'{bad}/texts.jsonl',wieght:2}]"], ["data.sources[0].wieght", "'weight'"]),

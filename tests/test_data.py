@@ -312,3 +312,19 @@ def test_a_mix_interleaves_text_and_chat_sources_by_weight(tmp_path, tokenizer, 
     assert loader.data_stats()["documents"] > 0
     plan = make_plan(compose_config("data=mix"), tmp_path / "run")  # conf/data/mix.yaml's example
     assert [s.format for s in plan.trainer_config.dataloader.sources] == ["text", "chat"]
+
+
+def test_a_hub_data_set_is_read_from_the_hub_cache_offline(tmp_path, tokenizer, monkeypatch):
+    """What `hf download ID --repo-type dataset` leaves: a snapshot in the hub cache."""
+    import huggingface_hub
+
+    snapshot = tmp_path / "hub" / "datasets--acme--tiny-text" / "snapshots" / "abc123"
+    (snapshot / "data").mkdir(parents=True)
+    write_jsonl(snapshot / "data" / "train.jsonl", [{"text": "hello world"}, {"text": "second row"}])
+    (tmp_path / "hub" / "datasets--acme--tiny-text" / "refs").mkdir()
+    (tmp_path / "hub" / "datasets--acme--tiny-text" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    for streaming in (True, False):
+        dataset = PackedDataset(DataSource(hf_dataset="acme/tiny-text", overlong="split"), tokenizer, seq_len=8,
+                                streaming=streaming, infinite=False, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+        assert [row["text"] for row in dataset._get_data_iter()] == ["hello world", "second row"]

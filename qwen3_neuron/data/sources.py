@@ -92,7 +92,7 @@ def load_rows(source, *, streaming: bool, cache_dir: str | None) -> Any:
     import datasets
 
     if source.hf_dataset:
-        return _load_hub(source, streaming)
+        return _load_hub(source, streaming, cache_dir)
     files = resolve_files(source.files)
     builder = _builder_of(files, "data.files")
     if builder == "saved":
@@ -108,17 +108,29 @@ def load_rows(source, *, streaming: bool, cache_dir: str | None) -> Any:
     )
 
 
-def _load_hub(source, streaming: bool) -> Any:
+def _load_hub(source, streaming: bool, cache_dir: str | None) -> Any:
+    """A Hub data set from this machine only: the snapshot `hf download` left in the hub cache
+    (read as a local dir of data files: `datasets` offline cannot resolve a Hub id from it), else
+    what an earlier online `load_dataset` cached; neither: the command that downloads it."""
     import datasets
+    from huggingface_hub import snapshot_download
 
     try:
+        path = snapshot_download(source.hf_dataset, repo_type="dataset", local_files_only=True)
+    except Exception:  # not in the hub cache: maybe in datasets' own cache
+        path = None
+    try:
+        if path is not None:
+            return datasets.load_dataset(
+                path, source.hf_config, split=source.split, streaming=streaming, cache_dir=cache_dir
+            )
         return datasets.load_dataset(source.hf_dataset, source.hf_config, split=source.split, streaming=streaming)
-    except Exception as e:  # offline and not cached: datasets raises ConnectionError / FileNotFoundError / ValueError
-        config = f" --config {source.hf_config}" if source.hf_config else ""
+    except Exception as e:  # offline and not cached: ConnectionError / FileNotFoundError / ValueError
+        where = f" (found in the hub cache at {path}, but: {type(e).__name__}: {str(e)[:300]})" if path else ""
         raise ConfigError(
-            f"data.hf_dataset={source.hf_dataset} (split {source.split}) is not in the local HF cache "
-            f"and runs are offline ({type(e).__name__}: {str(e)[:200]}). Download it once with network: "
-            f"`hf download {source.hf_dataset} --repo-type dataset`{config and f' (then data.hf_config={source.hf_config})'}"
+            f"data.hf_dataset={source.hf_dataset} (config {source.hf_config}, split {source.split}) cannot be "
+            f"read from the local HF cache{where}; runs are offline. Download it once with network: "
+            f"`hf download {source.hf_dataset} --repo-type dataset`"
         ) from e
 
 
