@@ -28,6 +28,7 @@ SOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(DataSource) if f.name n
 def apply_data(config: Trainer.Config, data: DataSettings, run_dir: Path) -> None:
     """Set `config.dataloader` (and the validator's) from the data section, for packed kinds."""
     if data.kind not in PACKED_KINDS:
+        _refuse_unused(data)
         return
     train_sources = training_sources(data)
     cache_dir = str(Path(run_dir) / DATA_CACHE_DIR)
@@ -79,3 +80,14 @@ def _checked_source(source: DataSource, key: str) -> DataSource:
         raise ConfigError(f"{key}.overlong=split is for text; a conversation cut in two loses its context. "
                           "Use truncate or drop")  # fmt: skip
     return source
+
+
+def _refuse_unused(data: DataSettings) -> None:
+    """data=tiny / c4 read torchtitan's registered sets: a data.* key set for files would be ignored."""
+    default = DataSettings(kind=data.kind)
+    for f in dataclasses.fields(DataSettings):
+        if f.name != "kind" and getattr(data, f.name) != getattr(default, f.name):
+            raise ConfigError(
+                f"data.{f.name} applies to data=text|chat|mix; data={data.kind} reads torchtitan's "
+                f"registered data set (the dataloader section). E.g. data=text data.{f.name}=..."
+            )
