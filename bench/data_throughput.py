@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from qwen3_neuron.assets.build import build_assets  # noqa: E402
+from qwen3_neuron.assets.build import build_assets
 
 SEQ_LEN, BATCH = 256, 4  # the default job's
 

@@ -103,7 +103,9 @@ def bad_data(assets):
     BAD_DATA.mkdir(exist_ok=True)
     (BAD_DATA / "empty.jsonl").write_text("")
     (BAD_DATA / "notes.docx").write_text("not a format datasets reads")
-    turn = lambda role, text: {"role": role, "content": text}  # noqa: E731
+    def turn(role, text):
+        return {"role": role, "content": text}
+
     rows = {
         "texts.jsonl": [{"body": "some text"}] * 3,
         "chats.jsonl": [{"messages": [turn("user", "hi"), turn("assistant", "hello")]}] * 3,

@@ -124,7 +124,8 @@ class PackedDataset(IterableDataset, Stateful):
         self.stats[stat] += 1
         count = self.stats[stat]
         if count & (count - 1) == 0:  # 1, 2, 4, 8, ...: visible, never a flood
-            logger.warning(f"[qwen3-neuron data] rank {self.rank}: {message} ({stat} so far: {count})")
+            log = logger.info if stat == "split" else logger.warning  # split loses nothing: news, not a warning
+            log(f"[qwen3-neuron data] rank {self.rank}: {message} ({stat} so far: {count})")
 
     # ---- iteration -----------------------------------------------------------------------
 

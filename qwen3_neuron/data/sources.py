@@ -114,10 +114,11 @@ def _load_hub(source, streaming: bool, cache_dir: str | None) -> Any:
     what an earlier online `load_dataset` cached; neither: the command that downloads it."""
     import datasets
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
         path = snapshot_download(source.hf_dataset, repo_type="dataset", local_files_only=True)
-    except Exception:  # not in the hub cache: maybe in datasets' own cache
+    except (LocalEntryNotFoundError, ValueError):  # not in the hub cache (or not an id): maybe datasets' cache
         path = None
     try:
         if path is not None:
