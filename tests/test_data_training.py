@@ -4,7 +4,7 @@
   and counted), validation on the held-out file, validated at steps 1, 3 and 6, a checkpoint at
   steps 3 and 6: the reference a killed and resumed twin must match.
 - text: a .txt file of paragraphs, streamed, a tenth carved out for validation, long documents
-  split across samples.
+  split across samples, a checkpoint every 2 steps: the reference of a streamed resume.
 """
 
 from __future__ import annotations
@@ -45,10 +45,13 @@ def text_run(tmp_path_factory, assets):
     corpus = tmp_path_factory.mktemp("corpus") / "docstrings.txt"
     corpus.write_text("\n\n".join(stdlib_docstrings()[:400]))  # one row per paragraph
     run_dir = corpus.parent / "run"
-    return launched(
-        run_dir, "data=text", f"data.files={corpus}", "data.streaming=true", "data.val_fraction=0.1",
-        f"training.steps={TEXT_STEPS}", "validator.freq=5", "validator.steps=2",
-    )  # fmt: skip
+    return launched(run_dir, *text_overrides(corpus))
+
+
+def text_overrides(corpus: Path) -> tuple[str, ...]:
+    return ("data=text", f"data.files={corpus}", "data.streaming=true", "data.val_fraction=0.1",
+            f"training.steps={TEXT_STEPS}", "validator.freq=5", "validator.steps=2",
+            "checkpointing=periodic", "checkpoint.interval=2")  # fmt: skip
 
 
 def summary_of(run_dir: Path) -> dict:
@@ -123,20 +126,32 @@ def test_chat_run_killed_and_resumed_continues_with_the_same_data_and_losses(cha
     """The data position (row index, packer buffer, samples packed but not handed out) is in the
     checkpoint: steps 4-6 after a kill -9 and run.resume see the very batches the uninterrupted
     run saw, so their losses and the step-6 validation are identical."""
-    reference_dir, _ = chat_run
-    run_dir = tmp_path / "killed"
+    killed_and_resumed_matches(chat_run[0], tmp_path / "killed", CHAT, checkpoint_step=3, steps=CHAT_STEPS)
+
+
+def test_streamed_text_run_killed_and_resumed_continues_with_the_same_losses(text_run, tmp_path):
+    """Streaming: the position is datasets' own stream state (shard and row), checkpointed."""
+    reference_dir = text_run[0]
+    corpus = reference_dir.parent / "docstrings.txt"
+    killed_and_resumed_matches(reference_dir, tmp_path / "killed", text_overrides(corpus), checkpoint_step=2,
+                               steps=TEXT_STEPS)  # fmt: skip
+
+
+def killed_and_resumed_matches(reference_dir: Path, run_dir: Path, overrides, checkpoint_step: int, steps: int):
     process = subprocess.Popen(
-        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *TINY, *CHAT],
+        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *TINY, *overrides],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    _wait_for(lambda: (run_dir / "checkpoint" / "step-3" / ".metadata").exists() and _steps(run_dir) >= 4, process)
+    checkpoint = run_dir / "checkpoint" / f"step-{checkpoint_step}" / ".metadata"
+    _wait_for(lambda: checkpoint.exists() and _steps(run_dir) >= checkpoint_step + 1, process)
     _kill_everything_mentioning(str(run_dir))
     process.wait(timeout=60)
     assert not (run_dir / "summary.json").exists()
     result = launch(None, f"run.resume={run_dir}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     resumed, reference = _losses(run_dir), _losses(reference_dir)
-    assert [resumed[s] for s in range(4, CHAT_STEPS + 1)] == [reference[s] for s in range(4, CHAT_STEPS + 1)]
+    after = range(checkpoint_step + 1, steps + 1)
+    assert [resumed[s] for s in after] == [reference[s] for s in after]
     assert summary_of(run_dir)["val_loss"] == summary_of(reference_dir)["val_loss"]
 
 
