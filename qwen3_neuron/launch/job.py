@@ -20,10 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from qwen3_neuron.config.hydra_setup import register_resolvers
-from qwen3_neuron.config.layout import resolve_degrees
 from qwen3_neuron.config.plan import Plan, make_plan
 from qwen3_neuron.config.resume import resumed_config
-from qwen3_neuron.data.preview import show_samples
 from qwen3_neuron.errors import ConfigError, ExportError
 from qwen3_neuron.hf_io.export import export_after_training
 from qwen3_neuron.launch import slurm
@@ -170,6 +168,9 @@ def _print_plan(plan: Plan, run_dir: Path) -> None:
 
 def _show_data(plan: Plan, count: int) -> None:
     """run.show_data=N: rank 0's first N packed samples, in this process; nothing trains."""
+    from qwen3_neuron.config.layout import resolve_degrees  # torchtitan: imported when needed only
+    from qwen3_neuron.data.preview import show_samples
+
     config = plan.trainer_config
     degrees = resolve_degrees(config.parallelism, plan.world_size)
     print(show_samples(config, count, dp_world_size=degrees.dp_replicate * degrees.dp_shard))
