@@ -269,11 +269,14 @@ def test_validation_records_merge_into_their_step_and_val_loss_is_an_objective(t
     from qwen3_neuron.run_dir import read_metrics
     from qwen3_neuron.worker.metrics import validation_record
 
-    lines = [{"step": 1, "loss": 7.5}, validation_record({"validation_metrics/loss": 7.25}, 1), {"step": 2, "loss": 7.0}]
+    lines = [{"step": 1, "loss": 7.5, "data_loading_pct": 9.0}, validation_record({"validation_metrics/loss": 7.25}, 1),
+             {"step": 2, "loss": 7.0, "data_loading_pct": 0.5}, {"step": 3, "loss": 6.9, "data_loading_pct": 0.7}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert read_metrics(tmp_path)[0] == {"step": 1, "loss": 7.5, "val_loss": 7.25, "val_perplexity": pytest.approx(1408.1, abs=0.1)}
+    assert read_metrics(tmp_path)[0] == {"step": 1, "loss": 7.5, "data_loading_pct": 9.0, "val_loss": 7.25,
+                                         "val_perplexity": pytest.approx(1408.1, abs=0.1)}  # fmt: skip
     summary = summarize(tmp_path, "completed", 1.0)
-    assert (summary["final_loss"], summary["val_loss"], summary["val_step"]) == (7.0, 7.25, 1)
+    assert (summary["final_loss"], summary["val_loss"], summary["val_step"]) == (6.9, 7.25, 1)
+    assert summary["data_wait_pct"] == pytest.approx(0.6)  # the median after step 1
     assert sweep_job_value(summary, "val_loss", stop_on_failure=False) == 7.25
 
 

@@ -36,6 +36,7 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
     # Step 1 carries start-up (compile, first allocations): throughput is the median after it.
     steady = [r["tokens_per_second"] for r in records[1:] if "tokens_per_second" in r]
     peaks = [r["peak_memory_gib"] for r in records if "peak_memory_gib" in r]
+    waits = [r["data_loading_pct"] for r in records[1:] if "data_loading_pct" in r]
     tokens_per_second = statistics.median(steady) if steady else None
     flops_per_token = records[-1].get("flops_per_token") if records else None
     peak = read_json(run_dir / PEAK_FLOPS_FILE)
@@ -52,6 +53,8 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         # data=text|chat|mix: what the ranks read and packed, and every overlong document's fate
         "data_stats": read_data_stats(run_dir),
         "tokens_per_second": tokens_per_second,
+        # torchtitan's share of step time spent waiting for the next batch, %, median after step 1
+        "data_wait_pct": statistics.median(waits) if waits else None,
         "mfu": _mfu(flops_per_token, tokens_per_second, peak),
         "peak_memory_gib": max(peaks) if peaks else None,
         # the plan's estimate per rank and what rank 0 measured (qwen3_neuron.config.memory)
