@@ -9,6 +9,8 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/peak_flops.json     the peak MFU is measured against
     <run dir>/memory_estimate.json  the plan's tensor memory estimate per rank
     <run dir>/tensor_memory.json  the tensor memory rank 0 measured while training
+    <run dir>/data_stats/rank_N.json  what rank N's data pipeline read, packed, truncated, dropped
+    <run dir>/data_cache/         datasets' Arrow cache of local data files (data=text|chat|mix)
     <run dir>/summary.json        how the run ended
     <sweep dir>/.stop_sweep       left by a job that stops the sweep: later jobs skip
 """
@@ -28,6 +30,7 @@ PEAK_FLOPS_FILE = "peak_flops.json"
 MEMORY_ESTIMATE_FILE = "memory_estimate.json"
 TENSOR_MEMORY_FILE = "tensor_memory.json"
 SUMMARY_FILE = "summary.json"
+DATA_STATS_DIR = "data_stats"
 STOP_FILE = ".stop_sweep"
 
 
@@ -38,8 +41,9 @@ def read_job(run_dir: Path) -> dict[str, Any]:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """One record per step, oldest first; a resumed run re-logs the steps after its checkpoint:
-    the last record of a step wins. A line still being written is skipped."""
+    """One record per step, oldest first: the records of a step merged (training, then
+    validation's `val_loss`); a resumed run re-logs the steps after its checkpoint: the last
+    value of a field wins. A line still being written is skipped."""
     path = run_dir / METRICS_FILE
     if not path.exists():
         return []
@@ -49,7 +53,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
             record = json.loads(line)
         except ValueError:
             continue
-        by_step[record["step"]] = record
+        by_step.setdefault(record["step"], {}).update(record)
     return [by_step[step] for step in sorted(by_step)]
 
 
@@ -73,3 +77,22 @@ def complete_steps(checkpoint_folder: Path) -> list[int]:
         if (p / ".metadata").exists()
     ]
     return sorted(steps)
+
+
+def write_data_stats(run_dir: Path, rank: int, stats: dict[str, int]) -> None:
+    folder = run_dir / DATA_STATS_DIR
+    folder.mkdir(exist_ok=True)
+    write_json(folder / f"rank_{rank}.json", stats)
+
+
+def read_data_stats(run_dir: Path) -> dict[str, int] | None:
+    """Every rank's data counts added up; None when no rank wrote any (data=tiny, or no run)."""
+    folder = run_dir / DATA_STATS_DIR
+    files = sorted(folder.glob("rank_*.json")) if folder.is_dir() else []
+    if not files:
+        return None
+    total: dict[str, int] = {}
+    for path in files:
+        for name, value in json.loads(path.read_text()).items():
+            total[name] = total.get(name, 0) + value
+    return total

@@ -3,14 +3,21 @@ what would be valid, and writes nothing. Add a row to extend it."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
-from conftest import compose_config, launch
+from conftest import SESSION_CACHE, compose_config, launch
 
 from qwen3_neuron.config.plan import make_plan
 from qwen3_neuron.errors import ConfigError
 
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"
+
+# Bad data files for the data rows: "{bad}" in an override is this dir (written by `bad_data`).
+BAD_DATA = SESSION_CACHE / "bad-data"
+CHAT = ["data=chat", "data.val_files=null"]
 
 # (overrides, texts the error must contain)
 PLAN_TIME = [
@@ -60,14 +67,70 @@ PLAN_TIME = [
      ["checkpoint.create_seed_checkpoint=true needs world size 1", "world size 2", "run.nproc_per_node=1"]),
     (["checkpoint.create_seed_checkpoint=true", "run.nproc_per_node=1"],
      ["checkpoint.create_seed_checkpoint=true needs checkpoint.enable=true"]),
+    # data=text|chat|mix: first rows only, before any worker
+    (["data=text", "data.files=/nonexistent/corpus.jsonl"], ["data.files: '/nonexistent/corpus.jsonl' does not exist"]),
+    (["data=text", "data.files={bad}/*.nomatch"], ["data.files: '{bad}/*.nomatch' matches no file"]),
+    (["data=text", "data.files={bad}/notes.docx"], ["has extension '.docx'", ".jsonl", ".parquet", "save_to_disk"]),
+    (["data=text", "data.files={bad}/empty.jsonl"], ["data.files: '{bad}/empty.jsonl' is empty (no rows)"]),
+    (["data=text", "data.files={bad}/chats.jsonl"], ["data.text_field=text is not a column", "its columns: messages"]),
+    ([*CHAT, "data.files={bad}/texts.jsonl"], ["data.messages_field=messages is not a column", "its columns: body"]),
+    ([*CHAT, "data.files={bad}/texts.jsonl", "data.prompt_field=question", "data.response_field=body"],
+     ["data.prompt_field=question is not a column", "its columns: body"]),
+    ([*CHAT, "data.files={bad}/unknown_role.jsonl"], ["row 1", "unknown role 'robot'", "system, user, assistant, tool"]),
+    ([*CHAT, "data.files={bad}/no_assistant.jsonl"], ["row 0", "no assistant turn"]),
+    ([*CHAT, "hf_assets_path={bad}/tokenizer_without_template"], ["no chat template", "hf_assets_path"]),
+    (["data=chat", "data.val_files={bad}/empty.jsonl"], ["data.val_files: '{bad}/empty.jsonl' is empty (no rows)"]),
+    ([*CHAT, "data.files={bad}/chats.jsonl", "data.val_fraction=0.1"],
+     ["data.val_fraction=0.1", "has 3 rows, so the validation set has 0", "data.val_files"]),
+    (["data=chat", "data.val_fraction=0.1"], ["data.val_fraction and data.val_files both"]),
+    (["data=chat", "validator.steps=-1"], ["validator.steps=-1", "validator.steps=N"]),
+    (["data=chat", "data.overlong=split"], ["data.overlong=split is for text", "truncate or drop"]),
+    (["data=text", "data.overlong=cut"], ["data.overlong", "'truncate'", "'drop'", "'split'"]),
+    (["data=text", "data.files=null", "data.hf_dataset=nobody/no-such-set"],
+     ["data.hf_dataset=nobody/no-such-set", "cannot be read from the local HF cache", "hf download nobody/no-such-set --repo-type dataset"]),
+    (["data=text", "data.hf_dataset=nobody/no-such-set"], ["set exactly one of files or hf_dataset (got both"]),
+    (["data=mix", "data.sources=[{files:'{bad}/texts.jsonl',weight:0}]"], ["data.sources[0].weight=0.0", "must be > 0"]),
+    (["data=mix", "data.sources=[{files:'{bad}/texts.jsonl',wieght:2}]"], ["data.sources[0].wieght", "'weight'"]),
+    (["data.files=/tmp/corpus.jsonl"], ["data.files applies to data=text|chat|mix", "data=tiny"]),
+    (["data=c4"], ["dataloader.dataset=c4: allenai/c4 is not in the local HF cache", "hf download allenai/c4"]),
+    (["data=text", "run.objective=val_los"], ["run.objective", "'val_loss'"]),
 ]  # fmt: skip
 
 
+@pytest.fixture(scope="session")
+def bad_data(assets):
+    """The files the data rows name, in the session's cache dir."""
+    BAD_DATA.mkdir(exist_ok=True)
+    (BAD_DATA / "empty.jsonl").write_text("")
+    (BAD_DATA / "notes.docx").write_text("not a format datasets reads")
+    def turn(role, text):
+        return {"role": role, "content": text}
+
+    rows = {
+        "texts.jsonl": [{"body": "some text"}] * 3,
+        "chats.jsonl": [{"messages": [turn("user", "hi"), turn("assistant", "hello")]}] * 3,
+        "unknown_role.jsonl": [{"messages": [turn("user", "hi"), turn("assistant", "hello")]},
+                               {"messages": [turn("robot", "beep"), turn("assistant", "hello")]}],
+        "no_assistant.jsonl": [{"messages": [turn("system", "be nice"), turn("user", "hi")]}],
+    }  # fmt: skip
+    for name, lines in rows.items():
+        (BAD_DATA / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    tokenizer = BAD_DATA / "tokenizer_without_template"
+    shutil.copytree(assets.tokenizer_dir, tokenizer, dirs_exist_ok=True)
+    config = json.loads((tokenizer / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps(config))
+    (tokenizer / "chat_template.jinja").unlink(missing_ok=True)
+    return BAD_DATA
+
+
 @pytest.mark.parametrize("overrides, expected", PLAN_TIME, ids=[" ".join(o) for o, _ in PLAN_TIME])
-def test_bad_input_fails_at_plan_time_naming_the_key(tmp_path, assets, overrides, expected):
+def test_bad_input_fails_at_plan_time_naming_the_key(tmp_path, assets, bad_data, overrides, expected):
     run_dir = tmp_path / "run"
+    overrides = [o.replace("{bad}", str(bad_data)) for o in overrides]
     with pytest.raises(ConfigError) as error:
         make_plan(compose_config(*overrides), run_dir)
+    expected = [text.replace("{bad}", str(bad_data)) for text in expected]
     for text in expected:
         assert text in str(error.value)
     assert not run_dir.exists()

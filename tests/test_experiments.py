@@ -152,3 +152,35 @@ def test_an_experiments_values_beat_the_defaults_and_the_command_line_beats_both
 def test_the_plus_form_of_experiment_still_selects_it():
     argv = ["launch.py", "+experiment=cpu_qwen3_tiny_native", "+x=1", "training.steps=3"]
     assert experiment_without_plus(argv) == ["launch.py", "experiment=cpu_qwen3_tiny_native", "+x=1", "training.steps=3"]
+
+
+def test_trn2_qwen3_4b_sft_plans_chat_sft_with_validation_on_64_ranks(tmp_path, assets):
+    model_hf_plans_here(tmp_path)
+    files = f"data.files={assets.chat_train_file}"
+    try:
+        plan = dry_run(tmp_path, "trn2_qwen3_4b_sft", files)
+    except ConfigError as e:  # the published weights are not in this machine's HF cache
+        assert "Qwen/Qwen3-4B-Instruct-2507" in str(e) and "cache" in str(e)
+        plan = dry_run(tmp_path, "trn2_qwen3_4b_sft", files, f"model.hf_model={assets.tiny_qwen3_dir}")
+    assert_one_trn2_node(plan)
+    config = plan.trainer_config
+    [source] = config.dataloader.sources
+    assert (source.format, source.files, source.val_fraction, source.train_on_prompt) == (
+        "chat", str(assets.chat_train_file), 0.02, False)  # fmt: skip
+    assert config.validator.enable and config.validator.dataloader.role == "validation"
+    assert config.hf_assets_path == plan.job["model"]["hf_model"]  # the model dir's own tokenizer
+    assert config.checkpoint.initial_load_in_hf and config.checkpoint.last_save_in_hf
+
+
+def test_trn2_qwen3_4b_sft_without_data_files_names_the_key(tmp_path, assets):
+    with pytest.raises(ConfigError, match=r"data: set exactly one of files or hf_dataset \(got neither; e.g. data.files="):
+        dry_run(tmp_path, "trn2_qwen3_4b_sft", f"model.hf_model={assets.tiny_qwen3_dir}")
+
+
+def test_cpu_qwen3_tiny_sft_plans_the_same_flow_on_2_cpu_ranks(tmp_path, assets):
+    model_hf_plans_here(tmp_path)
+    plan = make_plan(compose_config("experiment=cpu_qwen3_tiny_sft"), tmp_path / "run")
+    assert (plan.device, plan.world_size) == ("cpu", 2)
+    config = plan.trainer_config
+    assert config.dataloader.sources[0].format == "chat" and config.validator.enable
+    assert config.training.steps <= 5 and config.model_spec.name == "transformers_modeling_backend"

@@ -1,4 +1,4 @@
-"""The arrows of the package layout: launch -> config -> models/devices/kernels; the workers never
+"""The arrows of the package layout: launch -> config -> models/data/devices/kernels; the workers never
 import the launcher's side or Hydra; the run-dir contract and the errors import nothing of ours.
 
 Read from the source (every import statement, also those inside functions), so a lazy import
@@ -58,7 +58,7 @@ def test_the_workers_never_reach_the_launcher_side_or_hydra():
     assert sorted(m for m in reached if m.split(".")[0] == "hydra") == []
 
 
-@pytest.mark.parametrize("subpackage", ["config", "models", "devices", "kernels", "hf_io", "assets"])
+@pytest.mark.parametrize("subpackage", ["config", "models", "data", "devices", "kernels", "hf_io", "assets"])
 def test_lower_layers_never_import_launch_worker_or_report(subpackage):
     assert _ours(_reachable(f"qwen3_neuron.{subpackage}"), "launch", "worker", "report") == []
 
@@ -70,3 +70,8 @@ def test_the_shared_contract_imports_nothing_of_the_project(module):
 
 def test_nothing_imports_the_entrypoint():
     assert [m for m, imported in GRAPH.items() if "launch" in imported] == []
+
+
+def test_data_is_reachable_from_both_sides_and_imports_neither():
+    assert "qwen3_neuron.data.loader" in _reachable("qwen3_neuron.config")  # the plan and the workers build it
+    assert _ours(_reachable("qwen3_neuron.data"), "config", "launch", "worker", "report") == []

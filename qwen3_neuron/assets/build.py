@@ -10,6 +10,9 @@ Four artifacts live under one cache root (``default_root()``):
   ``HuggingFaceTextDataLoader`` with ``dataset=DATASET_NAME`` and ``dataset_path=<this dir>``.
 - ``tiny_qwen3/`` and ``tiny_qwen3_moe/``: seeded, untrained HF Qwen3 / Qwen3-MoE model dirs built
   from ``qwen3_neuron.models.tiny``, with the tokenizer files copied in.
+- ``chat_dataset/``: multi-turn conversations about the same definitions (`messages` lists with
+  system, user and assistant turns) as ``train.jsonl`` + ``validation.jsonl``: what data=chat
+  trains on by default.
 
 The text comes from the standard library's source files (parsed, never imported: no import side
 effects, nothing from third-party packages), so every machine has it; the same Python version
@@ -102,6 +105,19 @@ class AssetPaths:
     text_dataset_dir: Path  # local dataset dir for HuggingFaceTextDataLoader's dataset_path
     tiny_qwen3_dir: Path  # tiny dense HF model dir
     tiny_qwen3_moe_dir: Path  # tiny MoE HF model dir
+    chat_dataset_dir: Path  # multi-turn conversations (data=chat)
+
+    @property
+    def text_train_file(self) -> Path:
+        return self.text_dataset_dir / "train.jsonl"
+
+    @property
+    def chat_train_file(self) -> Path:
+        return self.chat_dataset_dir / "train.jsonl"
+
+    @property
+    def chat_validation_file(self) -> Path:
+        return self.chat_dataset_dir / "validation.jsonl"
 
     def artifacts(self) -> list[Path]:
         """All artifact dirs, in build order (the models copy the tokenizer's files)."""
@@ -110,6 +126,7 @@ class AssetPaths:
             self.text_dataset_dir,
             self.tiny_qwen3_dir,
             self.tiny_qwen3_moe_dir,
+            self.chat_dataset_dir,
         ]
 
     def missing(self) -> list[Path]:
@@ -134,6 +151,7 @@ def asset_paths(root: Path | None = None) -> AssetPaths:
         text_dataset_dir=root / "text_dataset",
         tiny_qwen3_dir=root / "tiny_qwen3",
         tiny_qwen3_moe_dir=root / "tiny_qwen3_moe",
+        chat_dataset_dir=root / "chat_dataset",
     )
 
 
@@ -148,6 +166,7 @@ def build_assets(root: Path | None = None, force: bool = False) -> AssetPaths:
         paths.text_dataset_dir: write_text_dataset,
         paths.tiny_qwen3_dir: partial(write_tiny_model, tokenizer_dir=tokenizer_dir, moe=False),
         paths.tiny_qwen3_moe_dir: partial(write_tiny_model, tokenizer_dir=tokenizer_dir, moe=True),
+        paths.chat_dataset_dir: write_chat_dataset,
     }
     for final_dir, write in writers.items():
         if force or not final_dir.is_dir():
@@ -253,6 +272,44 @@ def write_text_dataset(out_dir: Path) -> None:
             for document in split_documents:
                 file.write(json.dumps({"text": document}, ensure_ascii=False) + "\n")
     (out_dir / "README.md").write_text(DATASET_CARD, encoding="utf-8")
+
+
+CHAT_SYSTEM = "You explain Python's standard library in plain words."
+
+
+def stdlib_conversations() -> list[dict]:
+    """One conversation per documented top-level function: what it does, then its signature.
+    Every third one opens with a system turn; the docstring's length varies, so some are longer
+    than a short seq_len (what data.overlong handles)."""
+    conversations = []
+    for source in stdlib_sources():
+        lines = source.splitlines()
+        for node in ast.parse(source).body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+                continue
+            docstring = ast.get_docstring(node)
+            if not docstring:
+                continue
+            messages = [{"role": "system", "content": CHAT_SYSTEM}] if len(conversations) % 3 == 0 else []
+            messages += [
+                {"role": "user", "content": f"What does {node.name}() do?"},
+                {"role": "assistant", "content": docstring},
+                {"role": "user", "content": "How is it declared?"},
+                {"role": "assistant", "content": lines[node.lineno - 1].strip()},
+            ]
+            conversations.append({"messages": messages})
+    return conversations
+
+
+def write_chat_dataset(out_dir: Path) -> None:
+    """Write the conversations as train/validation JSON lines (every VALIDATION_EVERY-th held out)."""
+    conversations = stdlib_conversations()
+    for split, keep in (("train", lambda i: (i + 1) % VALIDATION_EVERY != 0),
+                        ("validation", lambda i: (i + 1) % VALIDATION_EVERY == 0)):  # fmt: skip
+        with open(out_dir / f"{split}.jsonl", "w", encoding="utf-8") as file:
+            for i, conversation in enumerate(conversations):
+                if keep(i):
+                    file.write(json.dumps(conversation, ensure_ascii=False) + "\n")
 
 
 def write_tiny_model(out_dir: Path, tokenizer_dir: Path, moe: bool) -> None:

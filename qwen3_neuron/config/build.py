@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.trainer import Trainer
 
+from qwen3_neuron.config.data import apply_data
 from qwen3_neuron.config.fields import apply_fields, unknown_key_message
 from qwen3_neuron.config.settings import SECTIONS, Settings, parse_settings
 from qwen3_neuron.devices import policy as devices
@@ -48,6 +49,7 @@ def build_trainer_config(
         model_dir = read_model_dir(Path(settings.model.hf_model))
     config = _base_config(settings.model.module, settings.model.config_fn)
     config.model_spec = _model_spec(settings, model_dir)
+    apply_data(config, settings.data, run_dir)  # data=text|chat|mix: before the YAML sections refine it
     for section, values in composed.items():
         if section in SECTIONS:
             continue

@@ -58,7 +58,7 @@ def _open_sections():
 def _asset(name: str) -> str:
     if name == "dataset_name":
         return assets.DATASET_NAME
-    return str(getattr(assets.asset_paths(), name))
+    return str(getattr(assets.asset_paths(), name))  # a dir, or a file (text_train_file, chat_train_file, ...)
 
 
 def _resume_or(resume: str | None, new_dir: str) -> str:

@@ -28,6 +28,7 @@ from qwen3_neuron.config.build import build_trainer_config
 from qwen3_neuron.config.memory import MemoryEstimate, check_fit, estimate_memory
 from qwen3_neuron.config.settings import Settings, parse_settings
 from qwen3_neuron.config.torchrun import torchrun_args
+from qwen3_neuron.data.checks import check_data
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
 from qwen3_neuron.models.hf.model_dir import HFModelDir, check_initial_hf_load, check_tokenizer_fits, open_model_dir
@@ -89,6 +90,7 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
         check_tokenizer_fits(config.hf_assets_path, model_dir.vocab_size)
     check_initial_hf_load(config, model.kind)  # from_hf: safetensors present, arch matches
     _check_local_paths(config)
+    check_data(config, world_size)  # first rows only: fields, conversations, chat template, validation set
     memory = estimate_memory(config, world_size, device, nproc)
     check_fit(memory, config, settings.run.memory_check, warn=lambda message: print(message, file=sys.stderr))
     command = [

@@ -1,4 +1,4 @@
-"""The framework's own config sections: `model`, `kernels`, `device`, `run`.
+"""The framework's own config sections: `model`, `kernels`, `device`, `run`, `hf`, `data`.
 
 Everything else in the composed YAML is a torchtitan `Trainer.Config` section under torchtitan's
 own name. These dataclasses are checked by the same code (`fields.apply_fields`), so a typo or a
@@ -108,9 +108,14 @@ class RunSettings:
     start with a warning; off does not compare (the estimate is still recorded)."""
 
     objective: Literal[
-        "final_loss", "first_loss", "tokens_per_second", "mfu", "peak_memory_gib", "wall_seconds"
+        "final_loss", "first_loss", "val_loss", "tokens_per_second", "mfu", "peak_memory_gib", "wall_seconds"
     ] = "final_loss"
-    """summary.json field a sweep job returns (Optuna's value; its direction is hydra.sweeper.direction)."""
+    """summary.json field a sweep job returns (Optuna's value; its direction is hydra.sweeper.direction).
+    val_loss: the last validation loss (needs a validation set: data.val_files or data.val_fraction)."""
+
+    show_data: int = 0
+    """> 0: print rank 0's first N packed training samples as text (spans without loss marked),
+    then stop: nothing is trained, no torchrun."""
 
 
 @dataclass(kw_only=True)
@@ -126,12 +131,71 @@ class HFSettings:
 
 
 @dataclass(kw_only=True)
+class DataSettings:
+    kind: Literal["tiny", "c4", "text", "chat", "mix"] = "tiny"
+    """tiny / c4: torchtitan's registered data sets, as the `dataloader` section names them.
+    text / chat / mix: rows from `files` or `hf_dataset` (mix: `sources`) through
+    qwen3_neuron.data's PackedDataLoader."""
+
+    files: str | list[str] | None = None
+    """A path, a glob or a list of them: .jsonl .json .parquet .csv .arrow .txt, or one directory
+    written by datasets' save_to_disk. All of one format."""
+
+    hf_dataset: str | None = None
+    """A Hub data set id, read from the local HF cache only (runs are offline)."""
+
+    hf_config: str | None = None
+    """The Hub data set's config name (its subset), if it has several."""
+
+    split: str = "train"
+    """The split of `hf_dataset` (or of a save_to_disk DatasetDict)."""
+
+    text_field: str = "text"
+    """data=text: the column holding each document's text."""
+
+    txt_sample_by: Literal["paragraph", "document", "line"] = "paragraph"
+    """.txt files: one row per blank-line-separated paragraph, per whole file, or per line."""
+
+    messages_field: str = "messages"
+    """data=chat: the column holding a list of {role, content} (system, user, assistant, tool)."""
+
+    prompt_field: str | None = None
+    """data=chat with instruction rows: the prompt column (a user turn); with `response_field`."""
+
+    response_field: str | None = None
+    """data=chat with instruction rows: the response column (the assistant turn)."""
+
+    train_on_prompt: bool = False
+    """data=chat: true puts a loss on every token, not only on the assistant turns."""
+
+    overlong: Literal["truncate", "drop", "split"] = "truncate"
+    """A document longer than training.seq_len: truncate (keep its first seq_len tokens), drop
+    it, or split it into seq_len windows (text only: a conversation cut in two loses its
+    context). Every case is counted in the log and summary.json (data_stats)."""
+
+    streaming: bool = False
+    """Stream rows instead of reading them map-style (corpora larger than memory)."""
+
+    val_files: str | list[str] | None = None
+    """Validation rows (same forms as `files`); turns on torchtitan's Validator."""
+
+    val_fraction: float = 0.0
+    """0 < f < 1: carve every (1/f)-th row of the training source(s) out for validation,
+    deterministically; turns on torchtitan's Validator. Exclusive with val_files."""
+
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    """data=mix: one mapping per source: files or hf_dataset, weight (> 0), format (text|chat)
+    and any of the per-source keys above (the top-level values are their defaults)."""
+
+
+@dataclass(kw_only=True)
 class Settings:
     model: ModelSettings
     kernels: KernelSettings
     device: DeviceSettings
     run: RunSettings
     hf: HFSettings
+    data: DataSettings
 
 
 SECTIONS: dict[str, type] = {
@@ -140,6 +204,7 @@ SECTIONS: dict[str, type] = {
     "device": DeviceSettings,
     "run": RunSettings,
     "hf": HFSettings,
+    "data": DataSettings,
 }
 
 

@@ -73,6 +73,9 @@ def run_job(cfg: DictConfig) -> float | None:
     if plan.settings.run.dry_run:
         _print_plan(plan, job.run_dir)
         return job.finish(0)
+    if plan.settings.run.show_data:
+        _show_data(plan, plan.settings.run.show_data)
+        return job.finish(0)
     return job.train(plan)
 
 
@@ -172,6 +175,17 @@ def _print_plan(plan: Plan, run_dir: Path) -> None:
         print(f"[qwen3-neuron] note: {note}")
     print(f"[qwen3-neuron] command: {plan.command_line()}")
     print(f"[qwen3-neuron] dry run: nothing started; record in {run_dir}")
+
+
+def _show_data(plan: Plan, count: int) -> None:
+    """run.show_data=N: rank 0's first N packed samples, in this process; nothing trains."""
+    from qwen3_neuron.config.layout import resolve_degrees  # torchtitan: imported when needed only
+    from qwen3_neuron.data.preview import show_samples
+
+    config = plan.trainer_config
+    degrees = resolve_degrees(config.parallelism, plan.world_size)
+    print(show_samples(config, count, dp_world_size=degrees.dp_replicate * degrees.dp_shard))
+    print(f"[qwen3-neuron] run.show_data={count}: rank 0's first {count} samples shown; nothing trained")
 
 
 def _discard_hydra_only_dir(run_dir: Path) -> None:

@@ -1,6 +1,8 @@
 """Live progress of one job in the launcher's terminal, read from rank 0's `metrics.jsonl`.
 
-    [qwen3-neuron] #2 model=moe  step 3/5  loss 7.2871  tok/s 1,234  mfu 1.20%  ETA 0:00:04
+    [qwen3-neuron] #2 model=moe  step 3/5  loss 7.2871  val 7.3012  tok/s 1,234  mfu 1.20%  ETA 0:00:04
+
+(`val`: the last validation loss, when the run validates.)
 
 A thread polls the file (every 0.5 s) while torchrun runs. On a terminal the line is rewritten in
 place (`\\r`); otherwise (a pipe, a CI log) one plain line is printed per logged step. The numbers
@@ -34,6 +36,7 @@ class Progress:
         self._pending = b""  # a line the writer has not finished yet
         self._first: dict[str, Any] | None = None
         self._last: dict[str, Any] | None = None
+        self._val_loss: float | None = None  # the last validation's
         self._start = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
@@ -91,10 +94,14 @@ class Progress:
                 records.append(json.loads(line))
             except ValueError:
                 continue
+        validations = [r for r in records if "val_loss" in r]
+        if validations:
+            self._val_loss = validations[-1]["val_loss"]
+        records = [r for r in records if "loss" in r]  # training steps
         if records:
             self._first = self._first or records[0]
             self._last = records[-1]
-        return bool(records)
+        return bool(records or validations)
 
     def line(self) -> str:
         label = f" {self._label}" if self._label else ""
@@ -102,6 +109,8 @@ class Progress:
         if last is None:
             return f"{PREFIX}{label}  starting ({_clock(time.monotonic() - self._start)})"
         parts = [f"step {last['step']}/{self._total}", f"loss {last.get('loss', float('nan')):.4f}"]
+        if self._val_loss is not None:
+            parts.append(f"val {self._val_loss:.4f}")
         if last.get("tokens_per_second") is not None:
             parts.append(f"tok/s {last['tokens_per_second']:,.0f}")
         if last.get("mfu") is not None:

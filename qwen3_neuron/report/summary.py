@@ -19,6 +19,7 @@ from qwen3_neuron.run_dir import (
     STOP_FILE,
     SUMMARY_FILE,
     TENSOR_MEMORY_FILE,
+    read_data_stats,
     read_json,
     read_metrics,
     write_json,
@@ -29,10 +30,13 @@ _ROOT_CAUSE = re.compile(r"Root Cause.*?\brank\s*:\s*(?P<rank>\d+).*?error_file:
 
 
 def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> dict[str, Any]:
-    records = read_metrics(run_dir)
+    logged = read_metrics(run_dir)
+    records = [r for r in logged if "loss" in r]  # training steps (validation may log between them)
+    validations = [r for r in logged if "val_loss" in r]
     # Step 1 carries start-up (compile, first allocations): throughput is the median after it.
     steady = [r["tokens_per_second"] for r in records[1:] if "tokens_per_second" in r]
     peaks = [r["peak_memory_gib"] for r in records if "peak_memory_gib" in r]
+    waits = [r["data_loading_pct"] for r in records[1:] if "data_loading_pct" in r]
     tokens_per_second = statistics.median(steady) if steady else None
     flops_per_token = records[-1].get("flops_per_token") if records else None
     peak = read_json(run_dir / PEAK_FLOPS_FILE)
@@ -42,7 +46,15 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "steps": records[-1]["step"] if records else 0,
         "first_loss": records[0]["loss"] if records else None,
         "final_loss": records[-1]["loss"] if records else None,
+        # torchtitan's Validator (data.val_files / data.val_fraction): the last validation
+        "val_loss": validations[-1]["val_loss"] if validations else None,
+        "val_perplexity": validations[-1]["val_perplexity"] if validations else None,
+        "val_step": validations[-1]["step"] if validations else None,
+        # data=text|chat|mix: what the ranks read and packed, and every overlong document's fate
+        "data_stats": read_data_stats(run_dir),
         "tokens_per_second": tokens_per_second,
+        # torchtitan's share of step time spent waiting for the next batch, %, median after step 1
+        "data_wait_pct": statistics.median(waits) if waits else None,
         "mfu": _mfu(flops_per_token, tokens_per_second, peak),
         "peak_memory_gib": max(peaks) if peaks else None,
         # the plan's estimate per rank and what rank 0 measured (qwen3_neuron.config.memory)

@@ -4,8 +4,8 @@
 
 writes, into the sweep dir:
 - `summary.csv`: one row per job: the job number, the overrides whose values differ between
-  jobs, then `status, steps, first_loss, final_loss, tokens_per_second, mfu, peak_memory_gib,
-  wall_seconds, error` exactly as in the job's summary.json, and the job's run dir;
+  jobs, then `status, steps, first_loss, final_loss, val_loss, tokens_per_second, mfu,
+  peak_memory_gib, wall_seconds, error` exactly as in the job's summary.json, and the job's run dir;
 - `summary.md`: the same table for people (rounded, MFU in %), plus Optuna's best trial when the
   sweep was an Optuna study;
 - `loss.png`: every job's loss curve from its metrics.jsonl, labelled by its overrides (a failed
@@ -38,7 +38,7 @@ PLOT_FILE = "loss.png"
 OPTUNA_RESULTS = "optimization_results.yaml"  # hydra-optuna-sweeper's, in the sweep dir
 
 COLUMNS = (
-    "status", "steps", "first_loss", "final_loss", "tokens_per_second",
+    "status", "steps", "first_loss", "final_loss", "val_loss", "tokens_per_second",
     "mfu", "peak_memory_gib", "wall_seconds", "error",
 )  # fmt: skip
 
@@ -170,7 +170,7 @@ def render_markdown(report: SweepReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-_NUMERIC = {"steps", "first_loss", "final_loss", "tokens_per_second", "mfu", "peak_memory_gib", "wall_seconds"}
+_NUMERIC = {"steps", "first_loss", "final_loss", "val_loss", "tokens_per_second", "mfu", "peak_memory_gib", "wall_seconds"}
 
 
 def _format(column: str, value: Any) -> str:
@@ -187,7 +187,7 @@ def _format(column: str, value: Any) -> str:
         return f"{100 * value:.3g}%"
     if column == "tokens_per_second":
         return f"{value:,.0f}"
-    if column in ("first_loss", "final_loss"):
+    if column in ("first_loss", "final_loss", "val_loss"):
         return f"{value:.4f}"
     if column == "peak_memory_gib":
         return f"{value:.3f}"

@@ -35,7 +35,20 @@ _FIELDS = {
     "throughput(tps)": "tps_per_device",
     "tflops": "tflops_per_device",
     "memory/max_reserved(GiB)": "peak_memory_gib",
+    "time_metrics/data_loading(%)": "data_loading_pct",  # share of the logged interval spent waiting for data
 }
+
+
+_VALIDATION_LOSS = "validation_metrics/loss"
+
+
+def validation_record(metrics: dict[str, Any], step: int) -> dict[str, Any]:
+    """torchtitan's Validator result as its own record of the step (`read_metrics` merges the
+    records of one step): the mean loss per label token over the validation batches, and its
+    perplexity."""
+    loss = float(metrics[_VALIDATION_LOSS])
+    perplexity = math.exp(loss) if loss < 700 else math.inf  # exp overflows a float past ~709
+    return {"step": step, "val_loss": loss, "val_perplexity": perplexity}
 
 
 class JsonlLogger(BaseLogger):
@@ -50,6 +63,9 @@ class JsonlLogger(BaseLogger):
         self.flops_per_token: int | None = None  # set by the processor once the model is built
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        if _VALIDATION_LOSS in metrics:
+            self._write(validation_record(metrics, step))
+            return
         record: dict[str, Any] = {"step": step}
         record.update({name: float(metrics[key]) for key, name in _FIELDS.items() if key in metrics})
         if "tps_per_device" in record:
@@ -60,6 +76,9 @@ class JsonlLogger(BaseLogger):
         if mfu_percent is not None and math.isfinite(mfu_percent):
             record["mfu"] = float(mfu_percent) / 100  # a fraction of the measured peak
         record["elapsed_seconds"] = time.time() - self._start
+        self._write(record)
+
+    def _write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 

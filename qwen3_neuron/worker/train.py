@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from qwen3_neuron.devices.fixes import install
-from qwen3_neuron.run_dir import FAILURE_FILE, complete_steps, read_job
+from qwen3_neuron.run_dir import FAILURE_FILE, complete_steps, read_job, write_data_stats
 
 
 def main(run_dir: Path) -> None:
@@ -57,11 +57,23 @@ def main(run_dir: Path) -> None:
         raise
     finally:
         if trainer is not None:
+            _record_data_stats(trainer, run_dir, logger)
             trainer.close()
     if torch.distributed.is_initialized():
         with sl.log_trace_span("torch_distributed_teardown"):
             torch.distributed.destroy_process_group()
     logger.info("Training finished")
+
+
+def _record_data_stats(trainer, run_dir: Path, logger) -> None:
+    """This rank's data counts (data=text|chat|mix), for the log and summary.json's data_stats."""
+    data_stats = getattr(trainer.dataloader, "data_stats", None)
+    stats = data_stats() if data_stats else None
+    if stats is None:
+        return
+    rank = int(os.environ.get("RANK", "0"))
+    write_data_stats(run_dir, rank, stats)
+    logger.info(f"[qwen3-neuron data] rank {rank}: " + ", ".join(f"{k} {v:,}" for k, v in stats.items()))
 
 
 def _record_failure(run_dir: Path, error: Exception, config) -> None:

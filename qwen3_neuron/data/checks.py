@@ -1,0 +1,124 @@
+"""Plan-time checks of the data a run will read: before any worker starts, first rows only.
+
+Each source's first `PEEK_ROWS` rows are read as a stream (a 100 GB corpus is opened, never
+scanned) and put through what the workers will do to them: the text column must be there, a chat
+row must be a conversation the tokenizer's chat template renders with its assistant turns found.
+A validation set must not be empty; torchtitan's Validator must be told how many batches to read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchtitan.trainer import Trainer
+
+from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_messages
+from qwen3_neuron.data.dataset import DataSource
+from qwen3_neuron.data.loader import PackedDataLoader
+from qwen3_neuron.data.sources import first_rows, is_validation_row
+from qwen3_neuron.errors import ConfigError
+
+PEEK_ROWS = 64
+# torchtitan's registered data sets that live on the Hub (text_datasets.DATASETS): data=c4
+HUB_REGISTERED = {"c4": "allenai/c4", "c4_validation": "allenai/c4"}
+
+
+def _check_hub_cache(repo_id: str, key: str) -> None:
+    """Runs are offline: a Hub data set must be in the local HF cache already."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    folder = Path(HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}"
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{key}: {repo_id} is not in the local HF cache ({HF_HUB_CACHE}) and runs are offline. "
+            f"Download it once with network: `hf download {repo_id} --repo-type dataset`"
+        )
+
+
+def check_data(config: Trainer.Config, world_size: int) -> None:
+    """Raise ConfigError on a data section the workers could not train on."""
+    loader = config.dataloader
+    if getattr(loader, "dataset", None) in HUB_REGISTERED and not loader.dataset_path:
+        _check_hub_cache(HUB_REGISTERED[loader.dataset], f"dataloader.dataset={loader.dataset}")
+    if not isinstance(loader, PackedDataLoader.Config):
+        return
+    tokenizer = _tokenizer(config)
+    _check_vocab(tokenizer, config)
+    keys = ["data"] if len(loader.sources) == 1 else [f"data.sources[{i}]" for i in range(len(loader.sources))]
+    for key, source in zip(keys, loader.sources):
+        rows = _check_source(source, key, f"{key}.files", tokenizer)
+        if source.val_fraction:
+            _check_carve(rows, source, key, world_size)
+    validator = config.validator
+    if validator.enable and isinstance(validator.dataloader, PackedDataLoader.Config):
+        if validator.steps == -1:
+            raise ConfigError(
+                "validator.steps=-1 reads the whole validation set, and ranks holding different numbers "
+                "of samples then wait for each other forever; set validator.steps=N (batches per validation)"
+            )
+        if validator.dataloader.sources is not loader.sources and not any(s.val_fraction for s in loader.sources):
+            for source in validator.dataloader.sources:
+                rows = _check_source(source, "data", "data.val_files", tokenizer)
+                if len(rows) < PEEK_ROWS and len(rows) < world_size:
+                    raise ConfigError(f"data.val_files: {len(rows)} rows for {world_size} ranks; "
+                                      "each rank needs at least one")  # fmt: skip
+
+
+def _tokenizer(config: Trainer.Config):
+    try:
+        return config.tokenizer.build(tokenizer_path=config.hf_assets_path)
+    except Exception as e:
+        raise ConfigError(f"hf_assets_path={config.hf_assets_path}: cannot open its tokenizer ({e})") from e
+
+
+def _check_vocab(tokenizer, config: Trainer.Config) -> None:
+    vocab = getattr(config.model_spec.model, "vocab_size", None)
+    if vocab and tokenizer.get_vocab_size() > vocab:
+        raise ConfigError(
+            f"hf_assets_path={config.hf_assets_path}: its tokenizer has {tokenizer.get_vocab_size()} tokens, "
+            f"more than the model's vocabulary ({vocab}); use the model's own tokenizer"
+        )
+
+
+def _check_source(source: DataSource, key: str, files_key: str, tokenizer) -> list[dict]:
+    where = source.hf_dataset or files_key
+    rows = first_rows(source, PEEK_ROWS, files_key)
+    if not rows:
+        raise ConfigError(f"{where}: no rows in {source.name()}")
+    columns = ", ".join(sorted(rows[0]))
+    if source.format == "text":
+        if source.text_field not in rows[0]:
+            raise ConfigError(f"{key}.text_field={source.text_field} is not a column of {source.name()}; "
+                              f"its columns: {columns}")  # fmt: skip
+        return rows
+    for field_key, name in (("prompt_field", source.prompt_field), ("response_field", source.response_field)):
+        if name and name not in rows[0]:
+            raise ConfigError(f"{key}.{field_key}={name} is not a column of {source.name()}; its columns: {columns}")
+    if not (source.prompt_field or source.response_field) and source.messages_field not in rows[0]:
+        raise ConfigError(
+            f"{key}.messages_field={source.messages_field} is not a column of {source.name()}; its columns: "
+            f"{columns} (instruction rows: set {key}.prompt_field and {key}.response_field)"
+        )
+    try:
+        renderer = ChatRenderer(tokenizer, source.train_on_prompt)
+    except ChatFormatError as e:
+        raise ConfigError(f"data.kind=chat: {e}; use a model dir or hf_assets_path whose tokenizer has one") from e
+    for index, row in enumerate(rows):
+        try:
+            renderer.tokens(row_messages(row, source.messages_field, source.prompt_field, source.response_field))
+        except ChatFormatError as e:
+            raise ConfigError(f"{where}: row {index} of {source.name()}: {e}") from e
+    return rows
+
+
+def _check_carve(rows: list[dict], source: DataSource, key: str, world_size: int) -> None:
+    """When the first rows are all the rows, the carve's size is known: it must feed every rank."""
+    if len(rows) >= PEEK_ROWS:
+        return
+    carved = sum(is_validation_row(i, source.val_fraction) for i in range(len(rows)))
+    if carved < world_size:
+        raise ConfigError(
+            f"data.val_fraction={source.val_fraction}: {source.name()} has {len(rows)} rows, so the validation "
+            f"set has {carved}, fewer than the {world_size} ranks that each read a share; "
+            "raise data.val_fraction or set data.val_files"
+        )

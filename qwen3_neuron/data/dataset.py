@@ -1,0 +1,215 @@
+"""One source's rows -> packed training samples, for one data-parallel rank; checkpointable.
+
+`PackedDataset` is torchtitan's `HuggingFaceTextDataset` / `ChatDataset` contract (yields
+`({"input", "positions"}, labels)` of exactly `seq_len`, `Stateful`, re-loops with a reshuffle
+of seed 42 + epoch) for any local or cached source, text or multi-turn chat. Its state is the
+read position (row index, or `datasets`' own stream state when streaming), the packer's buffer,
+the samples packed but not yet handed out, and the counts below, so a resumed run continues with
+the very next sample.
+
+Counts (`stats`): rows read, documents packed, overlong documents truncated / dropped / split,
+rows skipped because they are not a conversation, label tokens, padding tokens. An overlong or
+skipped row is logged (the first, then at each power of two) and the counts reach summary.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.tools.logging import logger
+
+from qwen3_neuron.data import sources
+from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_messages
+from qwen3_neuron.data.packing import Packer, document, fit
+
+STAT_NAMES = ("rows", "documents", "truncated", "dropped", "split", "skipped", "label_tokens", "padding_tokens")
+
+
+@dataclass(kw_only=True, slots=True)
+class DataSource:
+    """One source of rows and how a row becomes a document (the `data` section's fields; see
+    qwen3_neuron.config.settings.DataSettings for each)."""
+
+    files: str | list[str] | None = None
+    hf_dataset: str | None = None
+    hf_config: str | None = None
+    split: str = "train"
+    format: Literal["text", "chat"] = "text"
+    text_field: str = "text"
+    txt_sample_by: Literal["paragraph", "document", "line"] = "paragraph"
+    messages_field: str = "messages"
+    prompt_field: str | None = None
+    response_field: str | None = None
+    train_on_prompt: bool = False
+    overlong: Literal["truncate", "drop", "split"] = "truncate"
+    val_fraction: float = 0.0
+    weight: float = 1.0
+
+    def name(self) -> str:
+        return self.hf_dataset or (self.files if isinstance(self.files, str) else ",".join(self.files or []))
+
+
+class PackedDataset(IterableDataset, Stateful):
+    def __init__(
+        self,
+        source: DataSource,
+        tokenizer,
+        *,
+        seq_len: int,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+        infinite: bool = True,
+        streaming: bool = False,
+        role: str = "train",
+        cache_dir: str | None = None,
+    ):
+        rows = sources.load_rows(source, streaming=streaming, cache_dir=cache_dir)
+        rows = sources.carve(rows, source.val_fraction, role)
+        self._original_data = sources.shard(rows, dp_rank, dp_world_size)
+        self._data = self._original_data
+        self.source, self.seq_len, self.infinite, self.rank = source, seq_len, infinite, dp_rank
+        self._tokenizer = tokenizer
+        self._chat = ChatRenderer(tokenizer, source.train_on_prompt) if source.format == "chat" else None
+        pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+        flow = source.format == "text" and source.overlong == "split"
+        self._packer = Packer(seq_len, pad_id, "flow" if flow else "pad")
+        self._ready: list[tuple[list[int], list[int], list[int]]] = []  # packed, not yet handed out
+        self._sample_idx = 0
+        self._epoch = 0
+        self.stats = dict.fromkeys(STAT_NAMES, 0)
+
+    # ---- rows -> documents ---------------------------------------------------------------
+
+    def row_tokens(self, row: dict[str, Any]) -> tuple[list[int], list[bool]]:
+        """Token ids of one row and which of them are training targets."""
+        if self._chat is not None:
+            s = self.source
+            return self._chat.tokens(row_messages(row, s.messages_field, s.prompt_field, s.response_field))
+        text = row.get(self.source.text_field)
+        if not isinstance(text, str):
+            raise ChatFormatError(f"data.text_field={self.source.text_field}: expected a string, got {text!r:.40}")
+        tokens = self._tokenizer.encode(text, add_bos=True, add_eos=True)
+        return tokens, [True] * len(tokens)
+
+    def _document(self, row: dict[str, Any]) -> tuple[list[int], list[int]] | None:
+        try:
+            tokens, trained = self.row_tokens(row)
+        except ChatFormatError as e:  # checked on the first rows at plan time; a later bad row is skipped, counted
+            self._count("skipped", f"row {self._sample_idx} cannot be read ({e}): skipped")
+            return None
+        inputs, labels = document(tokens, trained)
+        if len(inputs) > self.seq_len:
+            overlong = self.source.overlong
+            fitted = fit(inputs, labels, self.seq_len, overlong)
+            action = {"truncate": "truncated", "drop": "dropped", "split": "split"}[overlong]
+            if fitted is not None and all(label == IGNORE_INDEX for label in fitted[1]):
+                fitted, action = None, "dropped"  # truncation left no assistant token to learn from
+            self._count(action, f"row {self._sample_idx}: {len(inputs)} tokens > training.seq_len "
+                                f"{self.seq_len}: {action} (data.overlong={overlong})")  # fmt: skip
+            if fitted is None:
+                return None
+            inputs, labels = fitted
+        if len(inputs) == 0:
+            return None
+        self.stats["documents"] += 1
+        self.stats["label_tokens"] += sum(label != IGNORE_INDEX for label in labels)
+        return inputs, labels
+
+    def _count(self, stat: str, message: str) -> None:
+        self.stats[stat] += 1
+        count = self.stats[stat]
+        if count & (count - 1) == 0:  # 1, 2, 4, 8, ...: visible, never a flood
+            log = logger.info if stat == "split" else logger.warning  # split loses nothing: news, not a warning
+            log(f"[qwen3-neuron data] rank {self.rank}: {message} ({stat} so far: {count})")
+
+    # ---- iteration -----------------------------------------------------------------------
+
+    def _get_data_iter(self):
+        import datasets
+
+        if isinstance(self._data, datasets.Dataset):
+            if self._sample_idx >= len(self._data):
+                return iter([])
+            return iter(self._data.skip(self._sample_idx))
+        return iter(self._data)
+
+    def __iter__(self):
+        while True:
+            yield from self._hand_out()
+            rows_this_epoch = 0
+            for row in self._get_data_iter():
+                self._sample_idx += 1
+                self.stats["rows"] += 1
+                rows_this_epoch += 1
+                doc = self._document(row)
+                if doc is not None:
+                    self._ready += self._packer.add(*doc)
+                yield from self._hand_out()
+            self._ready += self._packer.flush()
+            yield from self._hand_out()
+            if not self.infinite:
+                logger.warning(f"[qwen3-neuron data] {self.source.name()}: out of data on rank {self.rank}")
+                return
+            if rows_this_epoch == 0 and self._sample_idx == 0:
+                raise RuntimeError(
+                    f"data source {self.source.name()} has no rows for data-parallel rank {self.rank} "
+                    "(fewer rows than ranks, or an empty carve)"
+                )
+            self.reloop()
+
+    def _hand_out(self):
+        while self._ready:
+            inputs, labels, positions = self._ready.pop(0)
+            self.stats["padding_tokens"] = self._packer.padding
+            yield (
+                {"input": torch.tensor(inputs, dtype=torch.long), "positions": torch.tensor(positions, dtype=torch.long)},
+                torch.tensor(labels, dtype=torch.long),
+            )
+
+    def reloop(self) -> None:
+        import datasets
+
+        self._sample_idx = 0
+        self._epoch += 1
+        if isinstance(self._data, datasets.Dataset):
+            self._data = self._original_data.shuffle(seed=42 + self._epoch)
+        elif hasattr(self._data, "set_epoch"):
+            self._data.set_epoch(self._epoch)
+        logger.warning(f"[qwen3-neuron data] {self.source.name()}: re-looped on rank {self.rank} (epoch {self._epoch})")
+
+    # ---- checkpointing -------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        import datasets
+
+        state = {
+            "epoch": self._epoch,
+            "packer": self._packer.state_dict(),
+            "ready": list(self._ready),
+            "stats": dict(self.stats),
+        }
+        if isinstance(self._data, datasets.Dataset):
+            state["sample_idx"] = self._sample_idx
+        else:
+            state["data"] = self._data.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        import datasets
+
+        self._epoch = state["epoch"]
+        self._packer.load_state_dict(state["packer"])
+        self._ready = [tuple(sample) for sample in state["ready"]]
+        self.stats.update(state["stats"])
+        if isinstance(self._data, datasets.Dataset):
+            self._sample_idx = state["sample_idx"]
+            if self._epoch > 0:
+                self._data = self._original_data.shuffle(seed=42 + self._epoch)
+        else:
+            self._data.set_epoch(state["data"].get("epoch", 0))
+            self._data.load_state_dict(state["data"])

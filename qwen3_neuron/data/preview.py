@@ -1,0 +1,75 @@
+"""`run.show_data=N`: rank 0's first N packed training samples as text, before paying for a run.
+
+The samples come from the planned config's own dataloader (`config.dataloader.build`, as the
+trainer builds it, for data-parallel rank 0 of the planned degree), so what is shown is what
+rank 0 trains on: any data kind, torchtitan's registered sets included. In the text, tokens
+without a loss are inside ⟦ ⟧, padding is ⟦pad ×N⟧, and a rule opens each document (positions
+restart there). The tokens with a loss are the model's targets: for chat, the assistant turns
+and their end-of-turn markers.
+"""
+
+from __future__ import annotations
+
+from torchtitan.components.loss import IGNORE_INDEX
+
+NO_LOSS_OPEN, NO_LOSS_CLOSE = "⟦", "⟧"
+
+
+def show_samples(config, count: int, dp_world_size: int) -> str:
+    """The text of rank 0's first `count` samples (one per sample: batch size 1)."""
+    tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
+    loader = config.dataloader.build(
+        dp_world_size=dp_world_size, dp_rank=0, tokenizer=tokenizer,
+        seq_len=config.training.seq_len, local_batch_size=1,
+    )  # fmt: skip
+    blocks = []
+    for index, (input_dict, labels) in zip(range(count), loader):
+        inputs = input_dict["input"][0].tolist()
+        positions = input_dict["positions"][0].tolist() if "positions" in input_dict else list(range(len(inputs)))
+        blocks.append(format_sample(index, inputs, labels[0].tolist(), positions, tokenizer))
+    return "\n\n".join(blocks)
+
+
+def format_sample(index: int, inputs: list[int], labels: list[int], positions: list[int], tokenizer) -> str:
+    starts = [i for i, p in enumerate(positions) if p == 0] or [0]
+    bounds = list(zip(starts, [*starts[1:], len(inputs)]))
+    with_loss = sum(label != IGNORE_INDEX for label in labels)
+    pad_id = getattr(tokenizer, "eos_id", None)
+    lines, documents, padding = [], 0, 0
+    for start, end in bounds:
+        doc_inputs, doc_labels = inputs[start:end], labels[start:end]
+        if all(label == IGNORE_INDEX for label in doc_labels) and all(t == pad_id for t in doc_inputs) and end == len(inputs):
+            padding = end - start
+            lines.append(f"{NO_LOSS_OPEN}pad ×{padding}{NO_LOSS_CLOSE}")
+            continue
+        documents += 1
+        lines.append(f"──── document {documents} (tokens {start}-{end - 1}) ────")
+        lines.append(format_document(doc_inputs, doc_labels, tokenizer))
+    header = (f"=== sample {index + 1} of rank 0: {documents} document(s), {with_loss} of {len(inputs)} "
+              f"tokens with a loss, {padding} padding; {NO_LOSS_OPEN}no loss{NO_LOSS_CLOSE} ===")  # fmt: skip
+    return "\n".join([header, *lines])
+
+
+def format_document(inputs: list[int], labels: list[int], tokenizer) -> str:
+    """The document's tokens (its inputs, then its last target), spans without a loss in ⟦ ⟧.
+    Input token k is a target when label k-1 is kept; the first token never is."""
+    tokens = list(inputs)
+    trained = [False] + [label != IGNORE_INDEX for label in labels[:-1]]
+    if labels and labels[-1] != IGNORE_INDEX:
+        tokens.append(labels[-1])
+        trained.append(True)
+    pieces, run, run_trained = [], [], None
+    for token, flag in zip(tokens, trained):
+        if run and flag != run_trained:
+            pieces.append(_span(run, run_trained, tokenizer))
+            run = []
+        run.append(token)
+        run_trained = flag
+    if run:
+        pieces.append(_span(run, run_trained, tokenizer))
+    return "".join(pieces)
+
+
+def _span(tokens: list[int], trained: bool, tokenizer) -> str:
+    text = tokenizer.decode(tokens, skip_special_tokens=False)
+    return text if trained else f"{NO_LOSS_OPEN}{text}{NO_LOSS_CLOSE}"

@@ -1,0 +1,182 @@
+"""Where rows come from: local files or a data set in the local HF cache, through `datasets`.
+
+- `data.files`: a path, a glob or a list of them. The extension picks `datasets`' own builder:
+  .jsonl/.json -> json, .parquet, .csv, .arrow, .txt -> text (`data.txt_sample_by`: one row per
+  blank-line-separated paragraph by default, or per file, or per line). A directory written by
+  `Dataset.save_to_disk` is opened with `load_from_disk`.
+- `data.hf_dataset` (+ `hf_config`, `split`): a Hub id read from the local cache only; runs stay
+  offline, and a missing one stops with the command that downloads it.
+
+Rows are read map-style (exact resume by row index; the Arrow cache of local files goes to the
+run dir's `data_cache/`, never the user's HF cache) or streamed (`data.streaming=true`, for
+corpora larger than memory). Either way `datasets.distributed.split_dataset_by_node` gives each
+data-parallel rank its own shard, and a validation carve (`val_fraction`) is taken before that,
+by row index, so train and validation never share a row.
+
+`first_rows` reads the first rows only (streamed, with a throw-away cache dir): what the plan
+checks, without scanning a corpus.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from qwen3_neuron.errors import ConfigError
+
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text", ".arrow": "arrow"}
+SAVED_DIR_FILES = ("dataset_info.json", "dataset_dict.json", "state.json")  # what save_to_disk writes
+TXT_SAMPLE_BY = ("paragraph", "document", "line")
+
+
+def resolve_files(spec: str | list[str] | None, key: str = "data.files") -> list[str]:
+    """Every file `spec` names, in order (globs sorted), checked to exist; or one save_to_disk dir."""
+    patterns = [spec] if isinstance(spec, str) else list(spec or [])
+    if not patterns:
+        raise ConfigError(f"{key} is empty: give a path, a glob or a list of them (or data.hf_dataset)")
+    files: list[str] = []
+    for pattern in patterns:
+        path = os.path.expanduser(str(pattern))
+        if glob.has_magic(path):
+            matches = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p) or is_saved_dir(p))
+            if not matches:
+                raise ConfigError(f"{key}: '{pattern}' matches no file")
+            files += matches
+        elif os.path.isdir(path):
+            if not is_saved_dir(path):
+                raise ConfigError(
+                    f"{key}: '{pattern}' is a directory but not one written by datasets' save_to_disk; "
+                    f"name its files with a glob, e.g. '{pattern.rstrip('/')}/*.jsonl'"
+                )
+            files.append(path)
+        elif not os.path.exists(path):
+            raise ConfigError(f"{key}: '{pattern}' does not exist")
+        else:
+            files.append(path)
+    _builder_of(files, key)  # one known format for all of them
+    return [os.path.abspath(f) for f in files]
+
+
+def is_saved_dir(path: str) -> bool:
+    return os.path.isdir(path) and any(os.path.exists(os.path.join(path, n)) for n in SAVED_DIR_FILES)
+
+
+def _builder_of(files: list[str], key: str) -> str:
+    """'json', 'parquet', ... for `load_dataset`, or 'saved' for a save_to_disk dir."""
+    kinds = set()
+    for f in files:
+        if is_saved_dir(f):
+            kinds.add("saved")
+            continue
+        suffix = Path(f).suffix.lower()
+        if suffix not in BUILDERS:
+            raise ConfigError(
+                f"{key}: '{f}' has extension '{suffix}'; readable: {', '.join(BUILDERS)} "
+                "or a directory written by save_to_disk"
+            )
+        kinds.add(BUILDERS[suffix])
+    if len(kinds) > 1:
+        raise ConfigError(f"{key}: mixes formats ({', '.join(sorted(kinds))}); one source reads one format "
+                          "(data=mix takes several sources)")
+    if "saved" in kinds and len(files) > 1:
+        raise ConfigError(f"{key}: a save_to_disk directory is a whole data set; give one")
+    return kinds.pop()
+
+
+def load_rows(source, *, streaming: bool, cache_dir: str | None) -> Any:
+    """The source's rows: a `datasets.Dataset` (map-style) or `IterableDataset` (streaming)."""
+    import datasets
+
+    if source.hf_dataset:
+        return _load_hub(source, streaming, cache_dir)
+    files = resolve_files(source.files)
+    builder = _builder_of(files, "data.files")
+    if builder == "saved":
+        rows = datasets.load_from_disk(files[0])
+        if isinstance(rows, datasets.DatasetDict):
+            if source.split not in rows:
+                raise ConfigError(f"data.split={source.split}: {files[0]} has splits {', '.join(rows)}")
+            rows = rows[source.split]
+        return rows.to_iterable_dataset() if streaming else rows
+    kwargs = {"sample_by": source.txt_sample_by} if builder == "text" else {}
+    return datasets.load_dataset(
+        builder, data_files=files, split="train", streaming=streaming, cache_dir=cache_dir, **kwargs
+    )
+
+
+def _load_hub(source, streaming: bool, cache_dir: str | None) -> Any:
+    """A Hub data set from this machine only: the snapshot `hf download` left in the hub cache
+    (read as a local dir of data files: `datasets` offline cannot resolve a Hub id from it), else
+    what an earlier online `load_dataset` cached; neither: the command that downloads it."""
+    import datasets
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        path = snapshot_download(source.hf_dataset, repo_type="dataset", local_files_only=True)
+    except (LocalEntryNotFoundError, ValueError):  # not in the hub cache (or not an id): maybe datasets' cache
+        path = None
+    try:
+        if path is not None:
+            return datasets.load_dataset(
+                path, source.hf_config, split=source.split, streaming=streaming, cache_dir=cache_dir
+            )
+        return datasets.load_dataset(source.hf_dataset, source.hf_config, split=source.split, streaming=streaming)
+    except Exception as e:  # offline and not cached: ConnectionError / FileNotFoundError / ValueError
+        where = f" (found in the hub cache at {path}, but: {type(e).__name__}: {str(e)[:300]})" if path else ""
+        raise ConfigError(
+            f"data.hf_dataset={source.hf_dataset} (config {source.hf_config}, split {source.split}) cannot be "
+            f"read from the local HF cache{where}; runs are offline. Download it once with network: "
+            f"`hf download {source.hf_dataset} --repo-type dataset`"
+        ) from e
+
+
+def first_rows(source, n: int, files_key: str = "data.files") -> list[dict[str, Any]]:
+    """The first `n` rows of the source, read as a stream (the files are opened, never scanned)."""
+    if not source.hf_dataset:
+        files = resolve_files(source.files, files_key)
+        empty = [f for f in files if os.path.isfile(f) and os.path.getsize(f) == 0]
+        if empty:
+            raise ConfigError(f"{files_key}: '{empty[0]}' is empty (no rows)")
+    with tempfile.TemporaryDirectory(prefix="qwen3-neuron-peek-") as scratch:  # datasets' lock files
+        try:
+            rows = load_rows(source, streaming=True, cache_dir=scratch)
+            return [dict(row) for row in itertools.islice(iter(rows), n)]
+        except ConfigError:
+            raise
+        except StopIteration:
+            return []
+        except Exception as e:
+            where = source.hf_dataset or source.files
+            raise ConfigError(f"data: cannot read the first rows of {where}: {type(e).__name__}: {e}") from e
+
+
+def is_validation_row(index: int, fraction: float) -> bool:
+    """Row `index` belongs to the validation carve: every (1/fraction)-th row, spread evenly."""
+    return int((index + 1) * fraction) > int(index * fraction)
+
+
+def carve(rows, fraction: float, role: str):
+    """The `role` side ('train' | 'validation') of a deterministic `fraction` carve of `rows`."""
+    if not fraction:
+        return rows
+    want = role == "validation"
+    import datasets
+
+    if isinstance(rows, datasets.Dataset):
+        import numpy as np
+
+        index = np.arange(len(rows))
+        is_val = np.floor((index + 1) * fraction) > np.floor(index * fraction)
+        return rows.select(np.flatnonzero(is_val == want))
+    return rows.filter(lambda _, i: is_validation_row(i, fraction) == want, with_indices=True)
+
+
+def shard(rows, rank: int, world_size: int):
+    from datasets.distributed import split_dataset_by_node
+
+    return split_dataset_by_node(rows, rank=rank, world_size=world_size)

@@ -1,0 +1,333 @@
+"""data=text|chat|mix without processes: which tokens carry a loss, positions of packed samples,
+each file form read in-process, rank shards, the validation carve, resume of the data position."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+from qwen3_neuron.data.chat import ChatRenderer, row_messages
+from qwen3_neuron.data.dataset import DataSource, PackedDataset
+from qwen3_neuron.data.packing import Packer, document
+
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi there"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "Sum 2+2?"},
+    {"role": "assistant", "content": "It is 4."},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(assets):
+    return HuggingFaceTokenizer(tokenizer_path=str(assets.tokenizer_dir))
+
+
+@pytest.fixture(autouse=True)
+def datasets_cache_in_tmp(tmp_path, monkeypatch):
+    """Map-style loads write an Arrow cache: keep it out of the user's HF cache."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_datasets_cache"))
+
+
+def spans_of(tokenizer, ids, flags) -> list[str]:
+    """The text of each run of consecutive tokens whose flag is set, special tokens included."""
+    spans, current = [], []
+    for token, flag in zip(ids, flags):
+        if flag:
+            current.append(token)
+        elif current:
+            spans.append(tokenizer.decode(current, skip_special_tokens=False))
+            current = []
+    if current:
+        spans.append(tokenizer.decode(current, skip_special_tokens=False))
+    return spans
+
+
+# ---- masking ---------------------------------------------------------------------------------
+
+
+def test_multi_turn_labels_are_exactly_each_assistant_turn_and_its_end_token(tokenizer):
+    ids, trained = ChatRenderer(tokenizer).tokens(CONVERSATION)
+    assert spans_of(tokenizer, ids, trained) == ["Hello!<|im_end|>", "It is 4.<|im_end|>"]
+    untrained = spans_of(tokenizer, ids, [not t for t in trained])
+    assert untrained[0] == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+    im_end = tokenizer.token_to_id("<|im_end|>")
+    assert [t for t, flag in zip(ids, trained) if flag].count(im_end) == 2  # of 5 turn ends: the assistants'
+    assert ids.count(im_end) == 5
+    # as labels: each label is the next token, ignored exactly where that token is not trained
+    inputs, labels = document(ids, trained)
+    assert inputs == ids[:-1]
+    assert labels == [t if flag else IGNORE_INDEX for t, flag in zip(ids[1:], trained[1:])]
+    kept = [label for label in labels if label != IGNORE_INDEX]
+    assert tokenizer.decode(kept, skip_special_tokens=False) == "Hello!<|im_end|>It is 4.<|im_end|>"
+
+
+# Qwen3's own template renders the last assistant turn with an (empty) <think> block and the
+# earlier ones without: a turn is not rendered the same as a prefix and inside the whole. This
+# template (the project's, written for the test) does the same.
+THINKING_LAST_TURN = (
+    r"{%- for message in messages %}{%- if message.role == 'assistant' and loop.last %}"
+    r"{{ '<|im_start|>assistant\n<think>\n\n</think>\n\n' + message.content + '<|im_end|>\n' }}"
+    r"{%- else %}{{ '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}{%- endif %}"
+    r"{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+
+def test_a_template_that_renders_the_last_turn_differently_still_masks_every_assistant_turn(assets):
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(assets.tokenizer_dir))
+    tokenizer.set_chat_template(THINKING_LAST_TURN)
+    ids, trained = ChatRenderer(tokenizer).tokens(CONVERSATION)
+    assert spans_of(tokenizer, ids, trained) == ["Hello!<|im_end|>", "<think>\n\n</think>\n\nIt is 4.<|im_end|>"]
+
+
+def test_prompt_response_row_trains_on_the_response_and_its_end_token(tokenizer):
+    row = {"instruction": "Name a prime.", "output": "Seven."}
+    messages = row_messages(row, "messages", "instruction", "output")
+    assert messages == [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "Seven."}]
+    ids, trained = ChatRenderer(tokenizer).tokens(messages)
+    assert spans_of(tokenizer, ids, trained) == ["Seven.<|im_end|>"]
+
+
+def test_train_on_prompt_trains_every_token(tokenizer):
+    ids, trained = ChatRenderer(tokenizer, train_on_prompt=True).tokens(CONVERSATION)
+    assert all(trained)
+    assert tokenizer.decode(ids, skip_special_tokens=False) == tokenizer.apply_chat_template(CONVERSATION)
+
+
+# ---- packing ---------------------------------------------------------------------------------
+
+
+def test_pad_layout_keeps_documents_whole_with_positions_per_document():
+    packer = Packer(seq_len=8, pad_id=99, layout="pad")
+    assert packer.add([1, 2, 3], [2, 3, 4]) == []
+    assert packer.add([5, 6, 7, 8], [6, 7, 8, 9]) == []
+    [(inputs, labels, positions)] = packer.add([10, 11, 12, 13, 14], [11, 12, 13, 14, 15])  # does not fit: pad
+    assert inputs == [1, 2, 3, 5, 6, 7, 8, 99]
+    assert labels == [2, 3, 4, 6, 7, 8, 9, IGNORE_INDEX]
+    assert positions == [0, 1, 2, 0, 1, 2, 3, 0]  # the padding is a document of its own
+    [(inputs, labels, positions)] = packer.flush()
+    assert inputs == [10, 11, 12, 13, 14, 99, 99, 99]
+    assert positions == [0, 1, 2, 3, 4, 0, 1, 2]
+    assert packer.padding == 4
+
+
+def test_flow_layout_runs_a_document_on_and_restarts_its_positions():
+    packer = Packer(seq_len=4, pad_id=0, layout="flow")
+    samples = packer.add(list(range(10, 16)), list(range(11, 17)))  # 6 tokens: one sample + 2 left
+    assert samples == [([10, 11, 12, 13], [11, 12, 13, 14], [0, 1, 2, 3])]
+    [(inputs, _, positions)] = packer.add([20, 21, 22], [21, 22, 23])
+    assert inputs == [14, 15, 20, 21]
+    assert positions == [0, 1, 0, 1]  # the continued document starts at 0 again
+    assert packer.inputs == [22] and packer.positions == [0]  # cut at the boundary: 0 in the next sample
+
+
+# ---- the data set, in-process ------------------------------------------------------------------
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def take(dataset, n):
+    iterator = iter(dataset)
+    return [next(iterator) for _ in range(n)]
+
+
+def test_chat_samples_carry_labels_only_on_assistant_tokens(tmp_path, tokenizer):
+    files = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 3)
+    dataset = PackedDataset(DataSource(files=str(files), format="chat"), tokenizer, seq_len=64)
+    (sample, labels), = take(dataset, 1)
+    assert sample["input"].shape == labels.shape == sample["positions"].shape == (64,)
+    kept = [int(t) for t in labels if t != IGNORE_INDEX]
+    assert tokenizer.decode(kept, skip_special_tokens=False) == "Hello!<|im_end|>It is 4.<|im_end|>"
+    assert sample["positions"][0] == 0 and int(sample["positions"].max()) < 64
+
+
+def test_overlong_conversations_are_truncated_or_dropped_and_counted(tmp_path, tokenizer):
+    long_reply = {"messages": [{"role": "user", "content": "Talk."}, {"role": "assistant", "content": "word " * 200}]}
+    files = write_jsonl(tmp_path / "long.jsonl", [long_reply, {"messages": CONVERSATION}])
+    truncated = PackedDataset(DataSource(files=str(files), format="chat"), tokenizer, seq_len=64, infinite=False)
+    samples = list(truncated)
+    assert truncated.stats["truncated"] == 1 and truncated.stats["documents"] == 2
+    assert all(s["input"].shape == (64,) for s, _ in samples)
+    dropped = PackedDataset(DataSource(files=str(files), format="chat", overlong="drop"), tokenizer, seq_len=64, infinite=False)
+    list(dropped)
+    assert dropped.stats["dropped"] == 1 and dropped.stats["documents"] == 1
+
+
+@pytest.mark.parametrize("form", ["jsonl", "json", "csv", "parquet", "txt", "arrow", "save_to_disk"])
+def test_each_file_form_reads_its_rows_as_documents(tmp_path, tokenizer, form):
+    import datasets
+
+    texts = ["alpha beta", "gamma delta epsilon", "zeta"]
+    table = datasets.Dataset.from_dict({"text": texts})
+    path = tmp_path / f"data.{form}"
+    if form == "jsonl":
+        write_jsonl(path, [{"text": t} for t in texts])
+    elif form == "json":
+        path.write_text(json.dumps([{"text": t} for t in texts]))
+    elif form == "csv":
+        table.to_csv(str(path), index=False)
+    elif form == "parquet":
+        table.to_parquet(str(path))
+    elif form == "txt":
+        path.write_text("\n\n".join(texts))  # a row per blank-line-separated paragraph
+    elif form == "arrow":
+        table.save_to_disk(str(tmp_path / "saved"))
+        path = next((tmp_path / "saved").glob("*.arrow"))
+    else:
+        table.save_to_disk(str(path))
+    dataset = PackedDataset(DataSource(files=str(path), overlong="split"), tokenizer, seq_len=512, infinite=False)
+    [(sample, labels)] = list(dataset)
+    eos = tokenizer.eos_id
+    tokens = [int(t) for t in sample["input"]]
+    documents = [tokenizer.encode(t, add_bos=True, add_eos=True) for t in texts]
+    expected = [t for doc in documents for t in doc[:-1]]
+    assert tokens[: len(expected)] == expected
+    assert dataset.stats["rows"] == 3 and dataset.stats["documents"] == 3
+    assert [int(p) for p in sample["positions"][: len(documents[0]) - 1]] == list(range(len(documents[0]) - 1))
+    assert int(sample["positions"][len(documents[0]) - 1]) == 0  # the second document starts again
+    assert [int(t) for t in labels].count(eos) == 3  # each document's last label is its EOS
+
+
+def test_ranks_read_disjoint_shards_and_the_carve_splits_rows_disjointly(tmp_path, tokenizer):
+    rows = [{"text": f"row {i}"} for i in range(40)]
+    files = write_jsonl(tmp_path / "rows.jsonl", rows)
+
+    def texts(rank, role, streaming=False):
+        source = DataSource(files=str(files), overlong="split", val_fraction=0.25)
+        dataset = PackedDataset(source, tokenizer, seq_len=4, dp_rank=rank, dp_world_size=2, infinite=False,
+                                role=role, streaming=streaming)  # fmt: skip
+        return [row["text"] for row in dataset._get_data_iter()]
+
+    for streaming in (False, True):
+        train = [texts(rank, "train", streaming) for rank in (0, 1)]
+        val = [texts(rank, "validation", streaming) for rank in (0, 1)]
+        everything = [t for part in train + val for t in part]
+        assert sorted(everything) == sorted(r["text"] for r in rows)  # each row read once, by one rank
+        assert len(val[0]) + len(val[1]) == 10  # a quarter
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("form", ["text", "chat"])
+def test_resuming_from_the_state_gives_the_very_next_samples(tmp_path, tokenizer, streaming, form):
+    if form == "chat":
+        rows = [{"messages": [{"role": "user", "content": f"q{i} " * (i % 7)},
+                              {"role": "assistant", "content": f"answer {i} " * (i % 5 + 1)}]} for i in range(30)]  # fmt: skip
+    else:
+        rows = [{"text": f"document {i} " * (i % 9 + 1)} for i in range(30)]
+    files = write_jsonl(tmp_path / "rows.jsonl", rows)
+    source = DataSource(files=str(files), format=form, overlong="split" if form == "text" else "truncate")
+
+    def fresh():
+        return PackedDataset(source, tokenizer, seq_len=24, streaming=streaming)
+
+    reference = fresh()
+    iterator = iter(reference)
+    for _ in range(5):
+        next(iterator)
+    state = reference.state_dict()
+    tail = [next(iterator) for _ in range(12)]  # runs past the end of the rows: re-loops once
+    resumed = fresh()
+    resumed.load_state_dict(state)
+    again = take(resumed, 12)
+    for (a, a_labels), (b, b_labels) in zip(tail, again):
+        assert a["input"].tolist() == b["input"].tolist()
+        assert a["positions"].tolist() == b["positions"].tolist()
+        assert a_labels.tolist() == b_labels.tolist()
+
+
+# ---- the launcher's side: show_data, metrics merging, the sweep objective -------------------------
+
+
+def test_show_data_prints_rank_0_samples_with_the_spans_without_loss_marked(tmp_path, assets):
+    from conftest import compose_config
+
+    from qwen3_neuron.config.plan import make_plan
+    from qwen3_neuron.data.preview import show_samples
+
+    plan = make_plan(compose_config("data=chat", "training.seq_len=128", "run.show_data=1"), tmp_path / "run")
+    text = show_samples(plan.trainer_config, 1, dp_world_size=2)
+    first = json.loads(assets.chat_train_file.read_text().splitlines()[0])["messages"]
+    assert text.startswith("=== sample 1 of rank 0: 1 document(s)")
+    assert f"⟦<|im_start|>system\n{first[0]['content']}<|im_end|>\n<|im_start|>user\n{first[1]['content']}" in text
+    assert f"<|im_start|>assistant\n⟧{first[2]['content']}<|im_end|>⟦\n<|im_start|>user" in text
+    assert f"⟧{first[4]['content']}<|im_end|>" in text
+    assert "⟦pad ×" in text
+
+
+def test_validation_records_merge_into_their_step_and_val_loss_is_an_objective(tmp_path):
+    from qwen3_neuron.report.summary import summarize, sweep_job_value
+    from qwen3_neuron.run_dir import read_metrics
+    from qwen3_neuron.worker.metrics import validation_record
+
+    lines = [{"step": 1, "loss": 7.5, "data_loading_pct": 9.0}, validation_record({"validation_metrics/loss": 7.25}, 1),
+             {"step": 2, "loss": 7.0, "data_loading_pct": 0.5}, {"step": 3, "loss": 6.9, "data_loading_pct": 0.7}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert read_metrics(tmp_path)[0] == {"step": 1, "loss": 7.5, "data_loading_pct": 9.0, "val_loss": 7.25,
+                                         "val_perplexity": pytest.approx(1408.1, abs=0.1)}  # fmt: skip
+    summary = summarize(tmp_path, "completed", 1.0)
+    assert (summary["final_loss"], summary["val_loss"], summary["val_step"]) == (6.9, 7.25, 1)
+    assert summary["data_wait_pct"] == pytest.approx(0.6)  # the median after step 1
+    assert sweep_job_value(summary, "val_loss", stop_on_failure=False) == 7.25
+
+
+def test_the_progress_line_shows_the_last_validation_loss(tmp_path):
+    import io
+
+    from qwen3_neuron.launch.progress import Progress
+
+    metrics = tmp_path / "metrics.jsonl"
+    progress = Progress(metrics, total_steps=4, stream=io.StringIO())
+    lines = [{"step": 1, "loss": 7.5, "elapsed_seconds": 1.0}, {"step": 1, "val_loss": 7.25},
+             {"step": 2, "loss": 7.0, "elapsed_seconds": 2.0}]  # fmt: skip
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert progress._poll()
+    assert progress.line().startswith("[qwen3-neuron]  step 2/4  loss 7.0000  val 7.2500")
+
+
+def test_a_mix_interleaves_text_and_chat_sources_by_weight(tmp_path, tokenizer, assets):
+    from conftest import compose_config
+
+    from qwen3_neuron.config.plan import make_plan
+    from qwen3_neuron.data.loader import PackedDataLoader
+
+    texts = write_jsonl(tmp_path / "texts.jsonl", [{"text": f"plain text number {i}"} for i in range(50)])
+    chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 50)
+    config = PackedDataLoader.Config(sources=[
+        DataSource(files=str(texts), format="text", overlong="split", weight=3.0),
+        DataSource(files=str(chats), format="chat", weight=1.0),
+    ], cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=32, local_batch_size=1)
+    kinds = []
+    for _, (batch, labels) in zip(range(40), loader):
+        has_prompt = bool((labels == IGNORE_INDEX).any()) and batch["input"][0, 0] == tokenizer.token_to_id("<|im_start|>")
+        kinds.append("chat" if has_prompt else "text")
+    assert 0 < kinds.count("chat") < kinds.count("text")  # weights 3:1, a seeded draw
+    assert loader.data_stats()["documents"] > 0
+    plan = make_plan(compose_config("data=mix"), tmp_path / "run")  # conf/data/mix.yaml's example
+    assert [s.format for s in plan.trainer_config.dataloader.sources] == ["text", "chat"]
+
+
+def test_a_hub_data_set_is_read_from_the_hub_cache_offline(tmp_path, tokenizer, monkeypatch):
+    """What `hf download ID --repo-type dataset` leaves: a snapshot in the hub cache."""
+    import huggingface_hub
+
+    snapshot = tmp_path / "hub" / "datasets--acme--tiny-text" / "snapshots" / "abc123"
+    (snapshot / "data").mkdir(parents=True)
+    write_jsonl(snapshot / "data" / "train.jsonl", [{"text": "hello world"}, {"text": "second row"}])
+    (tmp_path / "hub" / "datasets--acme--tiny-text" / "refs").mkdir()
+    (tmp_path / "hub" / "datasets--acme--tiny-text" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    for streaming in (True, False):
+        dataset = PackedDataset(DataSource(hf_dataset="acme/tiny-text", overlong="split"), tokenizer, seq_len=8,
+                                streaming=streaming, infinite=False, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+        assert [row["text"] for row in dataset._get_data_iter()] == ["hello world", "second row"]

@@ -1,0 +1,165 @@
+"""data=chat and data=text train on 2 CPU ranks: one launch each, shared by every assertion here.
+
+- chat: the tiny multi-turn conversations (many longer than the 128-token sequences: truncated
+  and counted), validation on the held-out file, validated at steps 1, 3 and 6, a checkpoint at
+  steps 3 and 6: the reference a killed and resumed twin must match.
+- text: a .txt file of paragraphs, streamed, a tenth carved out for validation, long documents
+  split across samples, a checkpoint every 2 steps: the reference of a streamed resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TINY, launch, read_jsonl
+from test_resume import _kill_everything_mentioning, _wait_for
+
+from qwen3_neuron.assets.build import stdlib_docstrings
+
+pytestmark = pytest.mark.integration
+
+CHAT_STEPS, TEXT_STEPS = 6, 5
+CHAT = ("data=chat", f"training.steps={CHAT_STEPS}", "validator.freq=3", "validator.steps=2",
+        "checkpointing=periodic", "checkpoint.interval=3")  # fmt: skip
+
+
+def launched(run_dir: Path, *overrides: str):
+    result = launch(run_dir, *TINY, *overrides, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return run_dir, result
+
+
+@pytest.fixture(scope="session")
+def chat_run(tmp_path_factory, assets):
+    run_dir = tmp_path_factory.mktemp("chat") / "run"
+    return launched(run_dir, *CHAT)
+
+
+@pytest.fixture(scope="session")
+def text_run(tmp_path_factory, assets):
+    corpus = tmp_path_factory.mktemp("corpus") / "docstrings.txt"
+    corpus.write_text("\n\n".join(stdlib_docstrings()[:400]))  # one row per paragraph
+    run_dir = corpus.parent / "run"
+    return launched(run_dir, *text_overrides(corpus))
+
+
+def text_overrides(corpus: Path) -> tuple[str, ...]:
+    return ("data=text", f"data.files={corpus}", "data.streaming=true", "data.val_fraction=0.1",
+            f"training.steps={TEXT_STEPS}", "validator.freq=5", "validator.steps=2",
+            "checkpointing=periodic", "checkpoint.interval=2")  # fmt: skip
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+# ---- chat ------------------------------------------------------------------------------------
+
+
+def test_chat_run_trains_and_its_loss_falls(chat_run):
+    summary = summary_of(chat_run[0])
+    assert summary["status"] == "completed" and summary["steps"] == CHAT_STEPS
+    assert summary["final_loss"] < summary["first_loss"] - 0.2
+
+
+def test_chat_validation_loss_reaches_metrics_summary_and_progress_line(chat_run):
+    run_dir, result = chat_run
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    validations = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in validations] == [1, 3, CHAT_STEPS]  # step 1 and every validator.freq
+    assert all(math.isfinite(r["val_loss"]) for r in validations)
+    assert validations[-1]["val_loss"] < validations[0]["val_loss"]
+    summary = summary_of(run_dir)
+    assert summary["val_loss"] == validations[-1]["val_loss"] and summary["val_step"] == CHAT_STEPS
+    assert summary["val_perplexity"] == pytest.approx(math.exp(summary["val_loss"]))
+    assert f"val {summary['val_loss']:.4f}" in result.stdout  # the progress line
+
+
+def test_chat_overlong_conversations_are_counted_in_log_and_summary(chat_run):
+    run_dir, _ = chat_run
+    stats = summary_of(run_dir)["data_stats"]
+    per_rank = [json.loads((run_dir / "data_stats" / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    assert stats == {k: per_rank[0][k] + per_rank[1][k] for k in stats}
+    assert stats["truncated"] > 0 and stats["dropped"] == 0 and stats["skipped"] == 0 and stats["split"] == 0
+    assert stats["documents"] == stats["rows"] > 0
+    # a share of the tokens packed (6 steps x 2 ranks x 2 rows x 128, + what is still buffered): prompts carry none
+    assert 0 < stats["label_tokens"] < CHAT_STEPS * 2 * 2 * 128 + 2 * 128
+    log = (run_dir / "train.log").read_text()
+    assert "truncated (data.overlong=truncate)" in log
+    assert "[qwen3-neuron data] rank 0: rows" in log
+
+
+def test_chat_run_records_its_data_config_and_writes_only_in_the_run_dir(chat_run, assets):
+    run_dir, _ = chat_run
+    config = json.loads((run_dir / "trainer_config.json").read_text())
+    [source] = config["dataloader"]["sources"]
+    assert source["format"] == "chat" and source["files"] == str(assets.chat_train_file)
+    assert config["validator"]["enable"] is True
+    assert config["validator"]["dataloader"]["sources"][0]["files"] == str(assets.chat_validation_file)
+    assert config["dataloader"]["cache_dir"] == str(run_dir / "data_cache")
+    assert (run_dir / "data_cache").is_dir()
+
+
+# ---- text ------------------------------------------------------------------------------------
+
+
+def test_text_run_from_a_txt_file_streams_splits_and_validates(text_run):
+    run_dir, _ = text_run
+    summary = summary_of(run_dir)
+    assert summary["status"] == "completed" and summary["steps"] == TEXT_STEPS
+    assert summary["final_loss"] < summary["first_loss"]
+    assert math.isfinite(summary["val_loss"]) and summary["val_step"] == TEXT_STEPS
+    stats = summary["data_stats"]
+    assert stats["split"] > 0 and stats["truncated"] == stats["dropped"] == 0  # data.overlong=split
+    assert stats["padding_tokens"] == 0  # documents flow on: no padding
+    config = json.loads((run_dir / "trainer_config.json").read_text())
+    assert config["dataloader"]["streaming"] is True
+    assert not (run_dir / "data_cache").exists() or not any((run_dir / "data_cache").rglob("*.arrow"))  # streamed
+
+
+def test_chat_run_killed_and_resumed_continues_with_the_same_data_and_losses(chat_run, tmp_path):
+    """The data position (row index, packer buffer, samples packed but not handed out) is in the
+    checkpoint: steps 4-6 after a kill -9 and run.resume see the very batches the uninterrupted
+    run saw, so their losses and the step-6 validation are identical."""
+    killed_and_resumed_matches(chat_run[0], tmp_path / "killed", CHAT, checkpoint_step=3, steps=CHAT_STEPS)
+
+
+def test_streamed_text_run_killed_and_resumed_continues_with_the_same_losses(text_run, tmp_path):
+    """Streaming: the position is datasets' own stream state (shard and row), checkpointed."""
+    reference_dir = text_run[0]
+    corpus = reference_dir.parent / "docstrings.txt"
+    killed_and_resumed_matches(reference_dir, tmp_path / "killed", text_overrides(corpus), checkpoint_step=2,
+                               steps=TEXT_STEPS)  # fmt: skip
+
+
+def killed_and_resumed_matches(reference_dir: Path, run_dir: Path, overrides, checkpoint_step: int, steps: int):
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *TINY, *overrides],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    checkpoint = run_dir / "checkpoint" / f"step-{checkpoint_step}" / ".metadata"
+    _wait_for(lambda: checkpoint.exists() and _steps(run_dir) >= checkpoint_step + 1, process)
+    _kill_everything_mentioning(str(run_dir))
+    process.wait(timeout=60)
+    assert not (run_dir / "summary.json").exists()
+    result = launch(None, f"run.resume={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    resumed, reference = _losses(run_dir), _losses(reference_dir)
+    after = range(checkpoint_step + 1, steps + 1)
+    assert [resumed[s] for s in after] == [reference[s] for s in after]
+    assert summary_of(run_dir)["val_loss"] == summary_of(reference_dir)["val_loss"]
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r}
+
+
+def _steps(run_dir: Path) -> int:
+    """Training steps logged so far (a line still being written is not one)."""
+    path = run_dir / "metrics.jsonl"
+    return sum('"loss"' in line and line.endswith("}") for line in path.read_text().splitlines()) if path.exists() else 0
