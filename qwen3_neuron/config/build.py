@@ -21,6 +21,7 @@ from qwen3_neuron.config.fields import apply_fields, unknown_key_message
 from qwen3_neuron.config.settings import SECTIONS, Settings, parse_settings
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.finetune.lora import with_lora
 from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
 from qwen3_neuron.models.hf.model_dir import HFModelDir, read_model_dir
 from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec
@@ -107,6 +108,20 @@ def _registry_name(module: str) -> str:
 
 
 def _model_spec(settings: Settings, model_dir: HFModelDir | None):
+    spec = _base_model_spec(settings, model_dir)
+    if settings.finetune.method == "lora":
+        if settings.model.kind == "hf":
+            raise ConfigError(
+                "finetune=lora supports model=native and model=moe (torchtitan's LoRAConverter on its "
+                "own Qwen3); the Transformers backend (model=hf) builds plain nn.Linear layers it "
+                "does not reach. Load the same HF dir into model=native with checkpointing=from_hf "
+                "checkpoint.initial_load_path=/abs/hf_dir."
+            )
+        spec = with_lora(spec, settings.finetune)
+    return spec
+
+
+def _base_model_spec(settings: Settings, model_dir: HFModelDir | None):
     model = settings.model
     moe_changes = {"num_experts": model.num_experts, "top_k": model.top_k, "moe_hidden_dim": model.moe_hidden_dim}
     if model.kind == "moe":
