@@ -74,6 +74,12 @@ SWEEP_JOB = ("training.steps=3", "training.seq_len=64", "training.local_batch_si
              "metrics.enable_tensorboard=false")  # fmt: skip
 # Saves step-4 and step-8 of 10: a run to kill and resume, and its uninterrupted reference.
 CHECKPOINTED = (*TINY, "checkpointing=periodic", "checkpoint.interval=4", "training.steps=10")
+# finetune=lora on the tiny HF dir's weights (loaded into model=native): a DCP checkpoint at step 4
+# (base + adapters, what the tests compare with), the PEFT adapter and merged export at step 6.
+# lr 1e-2: adapters (B starts at zero) move clearly in 6 steps. The tiny dir is untrained: no
+# first-loss check.
+LORA = (*TINY, "finetune=lora", "checkpointing=[from_hf,periodic,export_hf]", "checkpoint.interval=4",
+        "training.steps=6", "optimizer.lr=1e-2", "hf.first_loss_check=off")  # fmt: skip
 
 
 def trained(run_dir: Path, *overrides: str, timeout: int = 900) -> Path:
@@ -97,6 +103,13 @@ def checkpointed_run(tmp_path_factory, assets) -> Path:
     """The default job on 2 ranks saving periodic checkpoints: test_resume's uninterrupted
     reference, and test_training's second run of the same seed."""
     return trained(tmp_path_factory.mktemp("checkpointed") / "run", "run.nproc_per_node=2", *CHECKPOINTED)
+
+
+@pytest.fixture(scope="session")
+def lora_run(tmp_path_factory, assets) -> Path:
+    """LORA (above) on 2 CPU ranks: the run tests/test_lora.py asserts on."""
+    base = f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"
+    return trained(tmp_path_factory.mktemp("lora") / "run", *LORA, base)
 
 
 @pytest.fixture(scope="session")

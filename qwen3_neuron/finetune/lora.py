@@ -12,7 +12,6 @@ grouped 3-D weights, not `Linear`s: they get no adapters, and the plan says so.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
 
 from torchtitan.components.lora import LoRAConverter
 from torchtitan.models.common.linear import Linear
@@ -22,8 +21,8 @@ from torchtitan.protocols.model_spec import ModelSpec
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
 
-if TYPE_CHECKING:  # the section is the config stage's; finetune never imports it at run time
-    from qwen3_neuron.config.settings import FinetuneSettings
+# `finetune` below is the plan's `finetune` section (config.settings.FinetuneSettings): read by
+# attribute, never imported, so that finetune stays below the config stage that builds with it.
 
 # HF projection -> torchtitan module name (last FQN segment), per q/k/v layout.
 _FUSED_QKV = {"q_proj": "wqkv", "k_proj": "wqkv", "v_proj": "wqkv"}
@@ -39,7 +38,7 @@ def hf_to_titan_names(model_config) -> dict[str, str]:
     return {hf: titan for hf, titan in {**qkv, **_OTHERS}.items() if titan in present}
 
 
-def check_settings(finetune: FinetuneSettings) -> None:
+def check_settings(finetune) -> None:
     """What the plan refuses whatever the model: unknown names, rank <= 0, dropout."""
     unknown = [name for name in finetune.target_modules if name not in HF_PROJECTIONS]
     if unknown:
@@ -60,7 +59,7 @@ def check_settings(finetune: FinetuneSettings) -> None:
         )
 
 
-def titan_targets(finetune: FinetuneSettings, model_config) -> tuple[list[str], list[str]]:
+def titan_targets(finetune, model_config) -> tuple[list[str], list[str]]:
     """(torchtitan module names to convert, HF names that match nothing in this model)."""
     names = hf_to_titan_names(model_config)
     wanted = set(finetune.target_modules)
@@ -81,7 +80,7 @@ def titan_targets(finetune: FinetuneSettings, model_config) -> tuple[list[str], 
     return targets, absent
 
 
-def uncovered_note(finetune: FinetuneSettings, model_config) -> str | None:
+def uncovered_note(finetune, model_config) -> str | None:
     """The plan's note for a model whose routed experts (or any named projection) get no adapters."""
     _, absent = titan_targets(finetune, model_config)
     has_experts = any(getattr(layer, "moe", None) is not None for layer in getattr(model_config, "layers", []))
@@ -98,12 +97,12 @@ def uncovered_note(finetune: FinetuneSettings, model_config) -> str | None:
     return "finetune=lora: " + "; ".join(parts) + "."
 
 
-def lora_converter(finetune: FinetuneSettings, model_config) -> LoRAConverter.Config:
+def lora_converter(finetune, model_config) -> LoRAConverter.Config:
     targets, _ = titan_targets(finetune, model_config)
     return LoRAConverter.Config(rank=finetune.rank, alpha=finetune.alpha, target_modules=targets)
 
 
-def with_lora(spec: ModelSpec, finetune: FinetuneSettings) -> ModelSpec:
+def with_lora(spec: ModelSpec, finetune) -> ModelSpec:
     """The spec with LoRA applied to its model config, as `model_registry(..., converters=[...])`
     does (the converter order check, then `convert`): base configs frozen, targets LoRALinear."""
     check_settings(finetune)

@@ -60,9 +60,7 @@ def export_lora(trainer_config, run_dir: Path, finetune, export_dir: str | None 
     peft_state = {k: v.to(dtype) for k, v in to_peft(load_file(raw), trainer_config.model_spec, trainer_config.hf_assets_path).items()}
     adapter_dir = run_dir / ADAPTER_DIR_NAME
     with building(adapter_dir) as tmp_dir:
-        config = lora_config(finetune, covered_hf_modules(peft_state), _base_model(trainer_config))
-        config.save_pretrained(str(tmp_dir))
-        save_file(peft_state, str(tmp_dir / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
+        write_adapter(peft_state, finetune, _base_model(trainer_config), tmp_dir)
     logger.info("exported the LoRA adapter to %s", adapter_dir)
     if not finetune.merge_export:
         remove_hf_save(checkpoint_dir, step_dir)
@@ -76,6 +74,14 @@ def export_lora(trainer_config, run_dir: Path, finetune, export_dir: str | None 
     target = run_dir / (export_dir or EXPORT_DIR_NAME)
     export_hf_model(trainer_config, target, weights_dir=merged_dir)
     return {"adapter_dir": str(adapter_dir), "export_dir": str(target)}
+
+
+def write_adapter(peft_state: dict, finetune, base_model: str | None, out_dir: Path) -> None:
+    """adapter_config.json (PEFT's LoraConfig.save_pretrained) + adapter_model.safetensors."""
+    from safetensors.torch import save_file
+
+    lora_config(finetune, covered_hf_modules(peft_state), base_model).save_pretrained(str(out_dir))
+    save_file(peft_state, str(Path(out_dir) / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
 
 
 def _merge_file(weights: dict, peft_state: dict, scaling: float) -> dict:

@@ -1,0 +1,214 @@
+"""finetune=lora: the base stays bit-identical, only adapters train, and what is exported is the
+trained model - for PEFT (base + hf_adapter), for Transformers (the merged hf_export) and for
+`python -m qwen3_neuron.hf_io.verify`. One 2-rank run (conftest's `lora_run`) is asserted on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, compose_config, read_jsonl
+
+from qwen3_neuron.config.build import build_trainer_config
+from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.config.settings import parse_settings
+from qwen3_neuron.finetune.peft_format import to_peft
+from qwen3_neuron.hf_io.adapter_export import write_adapter
+from qwen3_neuron.hf_io.verify import fixed_batch
+from qwen3_neuron.models.tiny import TINY_DENSE, TINY_MOE
+from qwen3_neuron.run_dir import read_job
+
+RANK, ALPHA = 8, 16.0
+PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+def _adapter_parameters(hf: dict, mlp: bool = True) -> int:
+    """r x (in + out) for every adapted projection of the tiny model, from its HF numbers."""
+    d, hd, ff = hf["hidden_size"], hf["head_dim"], hf["intermediate_size"]
+    q, kv = hf["num_attention_heads"] * hd, hf["num_key_value_heads"] * hd
+    per_layer = (d + q + 2 * kv) + (q + d)  # fused wqkv: one A (r x d), B ((q + 2 kv) x r); wo
+    if mlp:
+        per_layer += 3 * (d + ff)  # w1, w3 (d -> ff), w2 (ff -> d)
+    return RANK * per_layer * hf["num_hidden_layers"]
+
+
+def _safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+def _step4(run_dir: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+    """The DCP checkpoint at step 4 (model keys: torchtitan's, q/k/v split as its hook saves them)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(run_dir / "checkpoint" / "step-4", tmp_path / "step4.pt")
+    saved = torch.load(tmp_path / "step4.pt", weights_only=False)
+    return {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}
+
+
+def _titan_model(run_dir: Path, state: dict[str, torch.Tensor]):
+    """The trained torchtitan model (LoRA included) as the run recorded it, on the CPU."""
+    config = build_trainer_config(read_job(run_dir), run_dir, "cpu")
+    with torch.device("meta"):
+        model = config.model_spec.model.build()
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)  # the RoPE tables: buffers no checkpoint holds
+    model.load_state_dict(state, strict=True)
+    return model.eval(), config
+
+
+def _titan_logits(model, ids):
+    positions = torch.arange(ids.shape[1]).expand(ids.shape)
+    with torch.no_grad():
+        return model(ids, positions=positions, attention_masks=model.get_attention_masks(positions))
+
+
+def _hf(path, **kwargs):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs).eval()
+
+
+# ---- integration: one LoRA run ------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_only_the_adapters_train_and_the_summary_counts_them(lora_run, assets):
+    summary = json.loads((lora_run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 6
+    base = sum(t.numel() for t in _safetensors(assets.tiny_qwen3_dir / "model.safetensors").values())
+    assert summary["trainable_parameters"] == _adapter_parameters(TINY_DENSE) == 139_264
+    assert summary["total_parameters"] == base + summary["trainable_parameters"]
+    # AdamW holds the 4 layers x 5 projections x (A, B) and nothing of the base
+    assert "Optimizer AdamW (model_part=0): 40 params" in (lora_run / "train.log").read_text()
+    losses = [r["loss"] for r in read_jsonl(lora_run / "metrics.jsonl")]
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.integration
+def test_base_weights_stay_bit_identical_and_adapters_change(lora_run, assets, tmp_path):
+    step4 = _step4(lora_run, tmp_path)
+    model, config = _titan_model(lora_run, step4)
+    spec = config.model_spec
+    initial = spec.state_dict_adapter(spec.model, None).from_hf(_safetensors(assets.tiny_qwen3_dir / "model.safetensors"))
+    base_keys = [k for k in step4 if ".lora_" not in k]
+    assert sorted(base_keys) == sorted(initial)
+    for key in base_keys:
+        assert torch.equal(step4[key], initial[key]), key  # frozen: not one bit moved in 4 steps
+    lora_b = [k for k in step4 if ".lora_b." in k]
+    assert len(lora_b) == 20 and all(step4[k].abs().max() > 0 for k in lora_b)  # B starts at zero
+
+    # step 6, the export: weights without an adapter are the base's, bit for bit; adapted ones
+    # are base + alpha/r B A of the exported adapter
+    base_hf = _safetensors(assets.tiny_qwen3_dir / "model.safetensors")
+    merged = _safetensors(lora_run / "hf_export" / "model.safetensors")
+    adapter = _safetensors(lora_run / "hf_adapter" / "adapter_model.safetensors")
+    assert set(merged) == set(base_hf)
+    for key, weight in merged.items():
+        module = "base_model.model." + key.removesuffix(".weight")
+        if f"{module}.lora_A.weight" not in adapter:
+            assert torch.equal(weight, base_hf[key]), key
+            continue
+        delta = ALPHA / RANK * adapter[f"{module}.lora_B.weight"] @ adapter[f"{module}.lora_A.weight"]
+        assert delta.abs().max() > 0, key
+        torch.testing.assert_close(weight, base_hf[key] + delta, rtol=0, atol=1e-6)
+
+
+@pytest.mark.integration
+def test_peft_on_the_base_gives_the_trained_models_logits(lora_run, assets, tmp_path):
+    """The trained torchtitan model (step 4: base + adapters) against PEFT with those adapters,
+    converted and written by the export's own code, on the tiny HF dir."""
+    from peft import PeftModel
+
+    step4 = _step4(lora_run, tmp_path)
+    model, config = _titan_model(lora_run, step4)
+    adapters = {k: v for k, v in step4.items() if ".lora_" in k}
+    adapter_dir = tmp_path / "adapter"
+    adapter_dir.mkdir()
+    finetune = parse_settings(read_job(lora_run)).finetune
+    write_adapter(to_peft(adapters, config.model_spec, None), finetune, str(assets.tiny_qwen3_dir), adapter_dir)
+    peft_model = PeftModel.from_pretrained(_hf(assets.tiny_qwen3_dir), adapter_dir).eval()
+    ids = fixed_batch(TINY_DENSE["vocab_size"])
+    with torch.no_grad():
+        peft_logits = peft_model(ids).logits
+    titan_logits = _titan_logits(model, ids)
+    without_adapters = {**step4, **{k: torch.zeros_like(v) for k, v in adapters.items() if ".lora_b." in k}}
+    assert (titan_logits - _titan_logits(_titan_model(lora_run, without_adapters)[0], ids)).abs().max() > 1e-2
+    torch.testing.assert_close(peft_logits, titan_logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.integration
+def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(lora_run, assets):
+    from peft import PeftModel
+
+    adapter_dir = lora_run / "hf_adapter"
+    assert sorted(p.name for p in adapter_dir.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["lora_alpha"], config["lora_dropout"]) == ("LORA", RANK, ALPHA, 0.0)
+    assert set(config["target_modules"]) == PROJECTIONS and config["task_type"] == "CAUSAL_LM"
+    assert config["base_model_name_or_path"] == str(assets.tiny_qwen3_dir)
+    adapter = _safetensors(adapter_dir / "adapter_model.safetensors")
+    assert len(adapter) == 2 * 7 * TINY_DENSE["num_hidden_layers"]
+    d, hd = TINY_DENSE["hidden_size"], TINY_DENSE["head_dim"]
+    assert adapter["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].shape == (RANK, d)
+    assert adapter["base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight"].shape == (2 * hd, RANK)
+    assert adapter["base_model.model.model.layers.3.mlp.down_proj.lora_A.weight"].shape == (RANK, 768)
+
+    summary = json.loads((lora_run / "summary.json").read_text())
+    assert (summary["adapter_dir"], summary["export_dir"]) == (str(adapter_dir), str(lora_run / "hf_export"))
+    assert not (lora_run / "checkpoint" / "step-6").exists()  # the consumed HF save is gone
+    ids = fixed_batch(TINY_DENSE["vocab_size"])
+    with torch.no_grad():
+        peft_logits = PeftModel.from_pretrained(_hf(assets.tiny_qwen3_dir), adapter_dir).eval()(ids).logits
+        merged_logits = _hf(lora_run / "hf_export")(ids).logits
+        base_logits = _hf(assets.tiny_qwen3_dir)(ids).logits
+    torch.testing.assert_close(merged_logits, peft_logits, rtol=0, atol=1e-4)
+    assert (peft_logits - base_logits).abs().max() > 1e-2  # the adapter does something
+
+    verify = subprocess.run(
+        [sys.executable, "-m", "qwen3_neuron.hf_io.verify", str(adapter_dir)], cwd=REPO, capture_output=True, text=True
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "missing keys (0)" in verify.stdout and "unexpected keys (0)" in verify.stdout
+    assert f"vs merged {lora_run / 'hf_export'}" in verify.stdout and verify.stdout.strip().endswith("OK")
+
+
+# ---- plans (no processes) -----------------------------------------------------------------------
+
+
+def test_moe_plan_puts_adapters_on_attention_and_says_experts_are_not_covered(assets, tmp_path, capsys):
+    plan = make_plan(
+        compose_config(
+            "model=moe", "finetune=lora", "checkpointing=from_hf",
+            f"checkpoint.initial_load_path={assets.tiny_qwen3_moe_dir}",
+        ),
+        tmp_path / "run",
+    )  # fmt: skip
+    note = next(n for n in plan.notes if n.startswith("finetune=lora"))
+    assert "routed experts (mlp.experts.*) get no LoRA adapters" in note
+    assert "gate_proj, up_proj, down_proj match no Linear layer" in note
+    assert note in capsys.readouterr().err  # said at plan time, not only in a dry run
+    assert plan.parameters["trainable_parameters"] == _adapter_parameters(TINY_MOE, mlp=False)
+
+
+def test_full_finetune_trains_every_parameter(assets, tmp_path):
+    plan = make_plan(compose_config("run.dry_run=true"), tmp_path / "run")
+    counts = plan.parameters
+    assert counts["trainable_parameters"] == counts["total_parameters"] > 3_000_000
+
+
+def test_lora_memory_estimate_keeps_the_frozen_base_and_drops_its_gradients(assets, tmp_path):
+    full = make_plan(compose_config("run.dry_run=true"), tmp_path / "full").memory
+    lora = make_plan(
+        compose_config("run.dry_run=true", "finetune=lora", "checkpointing=from_hf",
+                       f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"),
+        tmp_path / "lora",
+    ).memory  # fmt: skip
+    assert lora.parameters_gib > full.parameters_gib  # base + adapters
+    assert lora.gradients_gib < full.gradients_gib / 20 and lora.optimizer_gib < full.optimizer_gib / 20
