@@ -212,3 +212,32 @@ def test_lora_memory_estimate_keeps_the_frozen_base_and_drops_its_gradients(asse
     ).memory  # fmt: skip
     assert lora.parameters_gib > full.parameters_gib  # base + adapters
     assert lora.gradients_gib < full.gradients_gib / 20 and lora.optimizer_gib < full.optimizer_gib / 20
+
+
+# ---- the experiments ----------------------------------------------------------------------------
+
+
+def test_trn2_qwen3_4b_lora_names_the_published_weights_and_plans_64_lora_ranks(assets, tmp_path):
+    from qwen3_neuron.errors import ConfigError
+
+    composed = compose_config("experiment=trn2_qwen3_4b_lora", "run.dry_run=true")
+    assert composed["finetune"] == {**composed["finetune"], "method": "lora", "rank": 16, "alpha": 32.0}
+    with pytest.raises(ConfigError, match="initial_load_path=/fsx/models/Qwen3-4B-Instruct-2507"):
+        make_plan(composed, tmp_path / "4b")  # the published weights are not on this machine
+    # the same recipe on the tiny HF dir (its architecture, a RoPE table it covers)
+    plan = make_plan(
+        compose_config("experiment=trn2_qwen3_4b_lora", "run.dry_run=true", "model.flavor=tiny",
+                       "training.seq_len=1024", f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"),
+        tmp_path / "tiny",
+    )  # fmt: skip
+    assert (plan.device, plan.world_size) == ("neuron", 64)
+    assert plan.parameters["trainable_parameters"] == 2 * _adapter_parameters(TINY_DENSE)  # rank 16
+    checkpoint = plan.trainer_config.checkpoint
+    assert checkpoint.initial_load_in_hf and checkpoint.last_save_in_hf and checkpoint.export_dtype == "bfloat16"
+
+
+def test_cpu_qwen3_tiny_lora_plans_the_lora_stand_in(assets, tmp_path):
+    plan = make_plan(compose_config("experiment=cpu_qwen3_tiny_lora"), tmp_path / "run")
+    assert (plan.device, plan.world_size, plan.trainer_config.training.steps) == ("cpu", 2, 5)
+    assert plan.parameters["trainable_parameters"] == _adapter_parameters(TINY_DENSE)
+    assert plan.trainer_config.checkpoint.initial_load_path == str(assets.tiny_qwen3_dir)

@@ -127,15 +127,18 @@ def parameter_counts(config: Trainer.Config) -> dict[str, int]:
 def _check_lora_base(config: Trainer.Config, kind: str) -> None:
     """finetune=lora freezes the base: refuse a run where it would stay a random init. Adapters
     trained on random weights fit no published model (the PEFT export names its base) and are
-    never what a fine-tuning means, so this fails rather than warns."""
+    never what a fine-tuning means, so this fails rather than warns. The base comes from HF
+    safetensors: a torchtitan checkpoint of a full model holds no adapter keys, and torchtitan's
+    model-only load asks for every key of the LoRA model."""
     checkpoint = config.checkpoint
-    if checkpoint.enable and (checkpoint.initial_load_path or checkpoint.initial_load_in_hf):
+    if checkpoint.enable and checkpoint.initial_load_in_hf:
         return
-    where = "model.hf_model's weights" if kind == "hf" else "checkpoint.initial_load_path=/abs/hf_dir"
+    where = "model.hf_model's weights" if kind == "hf" else "with checkpoint.initial_load_path=/abs/hf_dir"
     raise ConfigError(
         "finetune=lora freezes the base model, but nothing loads it: it would stay a random init. "
-        f"Add checkpointing=from_hf ({where}; e.g. checkpointing=[from_hf,export_hf]) or "
-        "checkpoint.initial_load_path=/abs/torchtitan/checkpoint with checkpoint.enable=true."
+        f"Add checkpointing=from_hf ({where}; e.g. checkpointing=[from_hf,export_hf]). A torchtitan "
+        "checkpoint of a full model cannot be the base (it holds no adapter keys): export it with "
+        "checkpointing=export_hf and load that dir."
     )
 
 
