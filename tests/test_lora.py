@@ -5,13 +5,15 @@ trained model - for PEFT (base + hf_adapter), for Transformers (the merged hf_ex
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, compose_config, read_jsonl
+from conftest import LORA_TRAINING, REPO, compose_config, launch, read_jsonl
+from test_resume import _kill_everything_mentioning, _logged, _wait_for
 
 from qwen3_neuron.config.build import build_trainer_config
 from qwen3_neuron.config.plan import make_plan
@@ -42,17 +44,23 @@ def _safetensors(path: Path) -> dict[str, torch.Tensor]:
     return load_file(path)
 
 
-def _step4(run_dir: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
-    """The DCP checkpoint at step 4 (model keys: torchtitan's, q/k/v split as its hook saves them)."""
+def _checkpoint(step_dir: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+    """The model tensors of a DCP checkpoint (torchtitan's keys)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    dcp_to_torch_save(run_dir / "checkpoint" / "step-4", tmp_path / "step4.pt")
-    saved = torch.load(tmp_path / "step4.pt", weights_only=False)
+    dcp_to_torch_save(step_dir, tmp_path / f"{step_dir.name}.pt")
+    saved = torch.load(tmp_path / f"{step_dir.name}.pt", weights_only=False)
     return {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}
 
 
+def _initial_base(config, assets) -> dict[str, torch.Tensor]:
+    """The tiny HF dir's weights in torchtitan's keys, as the run's from_hf load converts them."""
+    spec = config.model_spec
+    return spec.state_dict_adapter(spec.model, None).from_hf(_safetensors(assets.tiny_qwen3_dir / "model.safetensors"))
+
+
 def _titan_model(run_dir: Path, state: dict[str, torch.Tensor]):
-    """The trained torchtitan model (LoRA included) as the run recorded it, on the CPU."""
+    """The torchtitan model (LoRA included) as the run recorded it, on the CPU, holding `state`."""
     config = build_trainer_config(read_job(run_dir), run_dir, "cpu")
     with torch.device("meta"):
         model = config.model_spec.model.build()
@@ -81,7 +89,7 @@ def _hf(path, **kwargs):
 @pytest.mark.integration
 def test_only_the_adapters_train_and_the_summary_counts_them(lora_run, assets):
     summary = json.loads((lora_run / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps"] == 6
+    assert summary["status"] == "completed" and summary["steps"] == 10
     base = sum(t.numel() for t in _safetensors(assets.tiny_qwen3_dir / "model.safetensors").values())
     assert summary["trainable_parameters"] == _adapter_parameters(TINY_DENSE) == 139_264
     assert summary["total_parameters"] == base + summary["trainable_parameters"]
@@ -92,24 +100,25 @@ def test_only_the_adapters_train_and_the_summary_counts_them(lora_run, assets):
 
 
 @pytest.mark.integration
-def test_base_weights_stay_bit_identical_and_adapters_change(lora_run, assets, tmp_path):
-    step4 = _step4(lora_run, tmp_path)
-    model, config = _titan_model(lora_run, step4)
-    spec = config.model_spec
-    initial = spec.state_dict_adapter(spec.model, None).from_hf(_safetensors(assets.tiny_qwen3_dir / "model.safetensors"))
-    base_keys = [k for k in step4 if ".lora_" not in k]
-    assert sorted(base_keys) == sorted(initial)
-    for key in base_keys:
-        assert torch.equal(step4[key], initial[key]), key  # frozen: not one bit moved in 4 steps
-    lora_b = [k for k in step4 if ".lora_b." in k]
-    assert len(lora_b) == 20 and all(step4[k].abs().max() > 0 for k in lora_b)  # B starts at zero
+def test_checkpoints_hold_the_adapters_only(lora_run, assets, tmp_path):
+    base_bytes = (assets.tiny_qwen3_dir / "model.safetensors").stat().st_size
+    for step in (4, 8):
+        step_dir = lora_run / "checkpoint" / f"step-{step}"
+        saved = _checkpoint(step_dir, tmp_path)
+        assert len(saved) == 40 and all(".lora_a." in k or ".lora_b." in k for k in saved), sorted(saved)[:5]
+        assert all(saved[k].abs().max() > 0 for k in saved if ".lora_b." in k)  # B starts at zero: trained
+        # adapters + their two AdamW states: a fraction of the base alone
+        assert sum(p.stat().st_size for p in step_dir.rglob("*") if p.is_file()) < base_bytes / 4
 
-    # step 6, the export: weights without an adapter are the base's, bit for bit; adapted ones
-    # are base + alpha/r B A of the exported adapter
+
+@pytest.mark.integration
+def test_the_export_is_the_unchanged_base_plus_the_adapter(lora_run, assets):
+    """Weights without an adapter are the base's, bit for bit; adapted ones are base + alpha/r B A."""
     base_hf = _safetensors(assets.tiny_qwen3_dir / "model.safetensors")
     merged = _safetensors(lora_run / "hf_export" / "model.safetensors")
     adapter = _safetensors(lora_run / "hf_adapter" / "adapter_model.safetensors")
     assert set(merged) == set(base_hf)
+    adapted = 0
     for key, weight in merged.items():
         module = "base_model.model." + key.removesuffix(".weight")
         if f"{module}.lora_A.weight" not in adapter:
@@ -118,17 +127,20 @@ def test_base_weights_stay_bit_identical_and_adapters_change(lora_run, assets, t
         delta = ALPHA / RANK * adapter[f"{module}.lora_B.weight"] @ adapter[f"{module}.lora_A.weight"]
         assert delta.abs().max() > 0, key
         torch.testing.assert_close(weight, base_hf[key] + delta, rtol=0, atol=1e-6)
+        adapted += 1
+    assert adapted == 7 * TINY_DENSE["num_hidden_layers"]
 
 
 @pytest.mark.integration
 def test_peft_on_the_base_gives_the_trained_models_logits(lora_run, assets, tmp_path):
-    """The trained torchtitan model (step 4: base + adapters) against PEFT with those adapters,
-    converted and written by the export's own code, on the tiny HF dir."""
+    """The trained torchtitan model (the base + the step-8 adapters) against PEFT with those
+    adapters, converted and written by the export's own code, on the tiny HF dir."""
     from peft import PeftModel
 
-    step4 = _step4(lora_run, tmp_path)
-    model, config = _titan_model(lora_run, step4)
-    adapters = {k: v for k, v in step4.items() if ".lora_" in k}
+    adapters = _checkpoint(lora_run / "checkpoint" / "step-8", tmp_path)
+    config = build_trainer_config(read_job(lora_run), lora_run, "cpu")
+    base = _initial_base(config, assets)
+    model, config = _titan_model(lora_run, {**base, **adapters})
     adapter_dir = tmp_path / "adapter"
     adapter_dir.mkdir()
     finetune = parse_settings(read_job(lora_run)).finetune
@@ -138,7 +150,7 @@ def test_peft_on_the_base_gives_the_trained_models_logits(lora_run, assets, tmp_
     with torch.no_grad():
         peft_logits = peft_model(ids).logits
     titan_logits = _titan_logits(model, ids)
-    without_adapters = {**step4, **{k: torch.zeros_like(v) for k, v in adapters.items() if ".lora_b." in k}}
+    without_adapters = {**base, **{k: (torch.zeros_like(v) if ".lora_b." in k else v) for k, v in adapters.items()}}
     assert (titan_logits - _titan_logits(_titan_model(lora_run, without_adapters)[0], ids)).abs().max() > 1e-2
     torch.testing.assert_close(peft_logits, titan_logits, rtol=0, atol=1e-4)
 
@@ -162,7 +174,7 @@ def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(lora_
 
     summary = json.loads((lora_run / "summary.json").read_text())
     assert (summary["adapter_dir"], summary["export_dir"]) == (str(adapter_dir), str(lora_run / "hf_export"))
-    assert not (lora_run / "checkpoint" / "step-6").exists()  # the consumed HF save is gone
+    assert not (lora_run / "checkpoint" / "step-10").exists()  # the consumed HF save is gone
     ids = fixed_batch(TINY_DENSE["vocab_size"])
     with torch.no_grad():
         peft_logits = PeftModel.from_pretrained(_hf(assets.tiny_qwen3_dir), adapter_dir).eval()(ids).logits
@@ -177,6 +189,41 @@ def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(lora_
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "missing keys (0)" in verify.stdout and "unexpected keys (0)" in verify.stdout
     assert f"vs merged {lora_run / 'hf_export'}" in verify.stdout and verify.stdout.strip().endswith("OK")
+
+
+@pytest.mark.integration
+def test_resume_after_kill_9_reloads_the_base_and_continues_bit_identically(lora_run, assets, tmp_path):
+    """kill -9 after the step-4 adapter checkpoint; run.resume loads the base from HF again, the
+    adapters and optimizer from the checkpoint, and ends on the uninterrupted run's losses and
+    adapters, with the base still bit-identical (the final model-only save holds it)."""
+    run_dir = tmp_path / "killed"
+    overrides = [*LORA_TRAINING, "checkpointing=[from_hf,periodic]", f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"]
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *overrides],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    _wait_for(lambda: (run_dir / "checkpoint" / "step-4" / ".metadata").exists() and _logged(run_dir) >= 5, process)
+    _kill_everything_mentioning(str(run_dir))
+    process.wait(timeout=60)
+    assert not (run_dir / "summary.json").exists()
+
+    result = launch(None, f"run.resume={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert f"finetune=lora: resuming; loading the base weights from {assets.tiny_qwen3_dir} first" in log
+    assert re.search(r"Loading the checkpoint from \S*step-(4|8)", log)
+    resumed = {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl")}
+    reference = {r["step"]: r["loss"] for r in read_jsonl(lora_run / "metrics.jsonl")}
+    assert [resumed[s] for s in range(5, 11)] == [reference[s] for s in range(5, 11)]
+
+    final = _checkpoint(run_dir / "checkpoint" / "step-10", tmp_path)  # model-only: base + adapters
+    config = build_trainer_config(read_job(run_dir), run_dir, "cpu")
+    for key, value in _initial_base(config, assets).items():
+        assert torch.equal(final[key], value), key  # not one bit of the base moved, across the resume
+    adapters = to_peft({k: v for k, v in final.items() if ".lora_" in k}, config.model_spec, None)
+    exported = _safetensors(lora_run / "hf_adapter" / "adapter_model.safetensors")
+    assert adapters.keys() == exported.keys()
+    assert all(torch.equal(adapters[k], exported[k]) for k in exported)  # the uninterrupted run's
 
 
 # ---- plans (no processes) -----------------------------------------------------------------------

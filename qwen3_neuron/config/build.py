@@ -21,6 +21,7 @@ from qwen3_neuron.config.fields import apply_fields, unknown_key_message
 from qwen3_neuron.config.settings import SECTIONS, Settings, parse_settings
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.finetune.checkpoint import lora_checkpoint_config
 from qwen3_neuron.finetune.lora import with_lora
 from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
 from qwen3_neuron.models.hf.model_dir import HFModelDir, read_model_dir
@@ -60,6 +61,8 @@ def build_trainer_config(
     if settings.model.kind == "hf":
         configure_hf_trainer(config, model_dir)  # hf_model + hf_assets_path -> the model dir
     _set_loss_vocab(config)
+    if settings.finetune.method == "lora":
+        config.checkpoint = lora_checkpoint_config(config.checkpoint)  # adapter-only checkpoints
     backend = devices.compile_backend(device)
     if backend and "backend" not in (composed.get("compile") or {}):
         config.compile.backend = backend  # the device's own torch.compile backend (neuron)
