@@ -197,7 +197,11 @@ def test_resume_after_kill_9_reloads_the_base_and_continues_bit_identically(lora
     adapters and optimizer from the checkpoint, and ends on the uninterrupted run's losses and
     adapters, with the base still bit-identical (the final model-only save holds it)."""
     run_dir = tmp_path / "killed"
-    overrides = [*LORA_TRAINING, "checkpointing=[from_hf,periodic]", f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"]
+    overrides = [
+        *LORA_TRAINING, "checkpointing=[from_hf,periodic]", f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}",
+        # the final save: the whole model, uncast (qwen3_32b's is a training state, its dtype float16)
+        "checkpoint.last_save_model_only=true", "checkpoint.export_dtype=float32",
+    ]  # fmt: skip
     process = subprocess.Popen(
         [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *overrides],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -92,6 +92,11 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
     check_initial_hf_load(config, model.kind)  # from_hf: safetensors present, arch matches
     _check_local_paths(config)
     if settings.finetune.method == "lora":
+        if layout.resolve_degrees(config.parallelism, world_size).pp > 1:
+            raise ConfigError(
+                "finetune=lora with pipeline parallelism is not supported: the adapters are gathered "
+                "for the export from every rank's model part. Use parallelism=fsdp (or tp)."
+            )
         _check_lora_base(config, model.kind)
         note = uncovered_note(settings.finetune, config.model_spec.model)
         if note:
