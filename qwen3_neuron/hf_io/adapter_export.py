@@ -57,7 +57,8 @@ def export_lora(trainer_config, run_dir: Path, finetune, export_dir: str | None 
     if not raw.is_file():
         raise ExportError(f"{raw}: the workers wrote no adapters beside the last HF save.")
     dtype = _torch_dtype(trainer_config.checkpoint.export_dtype)
-    peft_state = {k: v.to(dtype) for k, v in to_peft(load_file(raw), trainer_config.model_spec, trainer_config.hf_assets_path).items()}
+    peft_state = to_peft(load_file(raw), trainer_config.model_spec, trainer_config.hf_assets_path)
+    peft_state = {key: value.to(dtype) for key, value in peft_state.items()}
     adapter_dir = run_dir / ADAPTER_DIR_NAME
     with building(adapter_dir) as tmp_dir:
         write_adapter(peft_state, finetune, _base_model(trainer_config), tmp_dir)

@@ -258,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model_dir", type=Path, help="an HF model dir, or a PEFT adapter dir")
     parser.add_argument("--trust-remote-code", action="store_true", help="passed to Transformers")
     parser.add_argument("--base", type=Path, help="adapter dir: its base model (default: adapter_config.json's)")
-    parser.add_argument("--merged", type=Path, help=f"adapter dir: the merged model (default: {MERGED_BESIDE} beside it)")
+    parser.add_argument(
+        "--merged", type=Path, help=f"adapter dir: the merged model (default: {MERGED_BESIDE} beside it)"
+    )
     parser.add_argument("--atol", type=float, default=LOGITS_ATOL, help="adapter dir: logit tolerance")
     args = parser.parse_args(argv)
     try:
