@@ -74,6 +74,13 @@ SWEEP_JOB = ("training.steps=3", "training.seq_len=64", "training.local_batch_si
              "metrics.enable_tensorboard=false")  # fmt: skip
 # Saves step-4 and step-8 of 10: a run to kill and resume, and its uninterrupted reference.
 CHECKPOINTED = (*TINY, "checkpointing=periodic", "checkpoint.interval=4", "training.steps=10")
+# finetune=lora on the tiny HF dir's weights (loaded into model=native), 10 steps: adapter-only
+# checkpoints at steps 4 and 8 (a run to kill and resume, and its reference), the PEFT adapter and
+# the merged export at step 10. lr 1e-2: adapters (B starts at zero) move clearly. The tiny dir is
+# untrained: no first-loss check.
+LORA_TRAINING = (*TINY, "finetune=lora", "checkpoint.interval=4", "training.steps=10", "optimizer.lr=1e-2",
+                 "hf.first_loss_check=off")  # fmt: skip
+LORA = (*LORA_TRAINING, "checkpointing=[from_hf,periodic,export_hf]")
 
 
 def trained(run_dir: Path, *overrides: str, timeout: int = 900) -> Path:
@@ -97,6 +104,13 @@ def checkpointed_run(tmp_path_factory, assets) -> Path:
     """The default job on 2 ranks saving periodic checkpoints: test_resume's uninterrupted
     reference, and test_training's second run of the same seed."""
     return trained(tmp_path_factory.mktemp("checkpointed") / "run", "run.nproc_per_node=2", *CHECKPOINTED)
+
+
+@pytest.fixture(scope="session")
+def lora_run(tmp_path_factory, assets) -> Path:
+    """LORA (above) on 2 CPU ranks: the run tests/test_lora.py asserts on."""
+    base = f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"
+    return trained(tmp_path_factory.mktemp("lora") / "run", *LORA, base)
 
 
 @pytest.fixture(scope="session")

@@ -58,7 +58,9 @@ def test_the_workers_never_reach_the_launcher_side_or_hydra():
     assert sorted(m for m in reached if m.split(".")[0] == "hydra") == []
 
 
-@pytest.mark.parametrize("subpackage", ["config", "models", "data", "devices", "kernels", "hf_io", "assets"])
+@pytest.mark.parametrize(
+    "subpackage", ["config", "models", "data", "devices", "kernels", "hf_io", "assets", "finetune"]
+)
 def test_lower_layers_never_import_launch_worker_or_report(subpackage):
     assert _ours(_reachable(f"qwen3_neuron.{subpackage}"), "launch", "worker", "report") == []
 
@@ -66,6 +68,12 @@ def test_lower_layers_never_import_launch_worker_or_report(subpackage):
 @pytest.mark.parametrize("module", ["qwen3_neuron.run_dir", "qwen3_neuron.errors"])
 def test_the_shared_contract_imports_nothing_of_the_project(module):
     assert [m for m in GRAPH[module] if m.startswith("qwen3_neuron")] == []
+
+
+def test_finetune_sits_below_the_config_stage():
+    """config builds the LoRA spec from finetune, hf_io exports its format: never the other way."""
+    reached = _reachable("qwen3_neuron.finetune")
+    assert _ours(reached, "config", "hf_io") == []
 
 
 def test_nothing_imports_the_entrypoint():

@@ -22,6 +22,8 @@ from qwen3_neuron.config.fields import apply_fields, unknown_key_message
 from qwen3_neuron.config.settings import SECTIONS, Settings, parse_settings
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.finetune.checkpoint import lora_checkpoint_config
+from qwen3_neuron.finetune.lora import with_lora
 from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
 from qwen3_neuron.models.hf.model_dir import HFModelDir, read_model_dir
 from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec
@@ -61,6 +63,8 @@ def build_trainer_config(
     if settings.model.kind == "hf":
         configure_hf_trainer(config, model_dir)  # hf_model + hf_assets_path -> the model dir
     _set_loss_vocab(config)
+    if settings.finetune.method == "lora":
+        config.checkpoint = lora_checkpoint_config(config.checkpoint)  # adapter-only checkpoints
     backend = devices.compile_backend(device)
     if backend and "backend" not in (composed.get("compile") or {}):
         config.compile.backend = backend  # the device's own torch.compile backend (neuron)
@@ -112,6 +116,20 @@ def _registry_name(module: str) -> str:
 
 
 def _model_spec(settings: Settings, model_dir: HFModelDir | None):
+    spec = _base_model_spec(settings, model_dir)
+    if settings.finetune.method == "lora":
+        if settings.model.kind == "hf":
+            raise ConfigError(
+                "finetune=lora supports model=native and model=moe (torchtitan's LoRAConverter on its "
+                "own Qwen3); the Transformers backend (model=hf) builds plain nn.Linear layers it "
+                "does not reach. Load the same HF dir into model=native with checkpointing=from_hf "
+                "checkpoint.initial_load_path=/abs/hf_dir."
+            )
+        spec = with_lora(spec, settings.finetune)
+    return spec
+
+
+def _base_model_spec(settings: Settings, model_dir: HFModelDir | None):
     model = settings.model
     moe_changes = {"num_experts": model.num_experts, "top_k": model.top_k, "moe_hidden_dim": model.moe_hidden_dim}
     if model.kind == "moe":

@@ -9,7 +9,8 @@
   shards them: TP splits the layers' matrices, FSDP/HSDP shard dim 0 over dp_shard x cp (FSDP2
   pads dim 0 to a multiple of the degree: rank 0 holds ceil(dim0 / degree) rows), routed experts
   are spread over dp_shard x cp x tp (EP or not), PP keeps 1/pp of the layers.
-- Gradients have the parameters' dtype (`training.dtype`); AdamW/Adam keep 2 states per parameter
+- Gradients have the parameters' dtype (`training.dtype`) and, like optimizer states, exist for
+  trainable parameters only (finetune=lora: the adapters); AdamW/Adam keep 2 states per parameter
   (3 with amsgrad; bf16 with `optimizer.implementation=fused_opt_states_bf16`) plus a step scalar.
 - Activations are counted tensor by tensor as torchtitan's Qwen3 block and the Transformers
   backend's save them (read off their saved-tensor lists, see `_layer_bytes`): matmul inputs in
@@ -105,14 +106,15 @@ def estimate_memory(config, world_size: int, device: str, ranks_per_node: int) -
     param_bytes = DTYPE_BYTES[config.training.dtype]
     counts = _local_parameter_counts(config, degrees)
     parameters = counts.elements * param_bytes
+    gradients = counts.trainable_elements * param_bytes  # a frozen (finetune=lora) base has none
     optimizer, notes = _optimizer_bytes(config, counts)
     activations, recompute = _activation_bytes(config, shape, degrees, device)
-    parts = [parameters, parameters, optimizer, activations, recompute]
+    parts = [parameters, gradients, optimizer, activations, recompute]
     return MemoryEstimate(
         per_rank_gib=sum(parts) / GIB,
         device_gib=device_memory_gib(device, ranks_per_node),
         parameters_gib=parameters / GIB,
-        gradients_gib=parameters / GIB,
+        gradients_gib=gradients / GIB,
         optimizer_gib=optimizer / GIB,
         activations_gib=activations / GIB,
         recompute_gib=recompute / GIB,
@@ -227,8 +229,9 @@ def _shape(config) -> _Shape:
 @dataclass
 class _LocalCounts:
     elements: int = 0  # parameter elements on the rank
-    tensors: int = 0  # parameter tensors (each gets an optimizer step scalar)
-    by_name: dict[str, int] = field(default_factory=dict)
+    trainable_elements: int = 0  # of those, the ones with gradients and optimizer states
+    tensors: int = 0  # trainable parameter tensors (each gets an optimizer step scalar)
+    by_name: dict[str, int] = field(default_factory=dict)  # trainable ones
 
 
 def meta_model(config):
@@ -249,8 +252,6 @@ def _local_parameter_counts(config, degrees) -> _LocalCounts:
     counts = _LocalCounts()
     fsdp = degrees.dp_shard * degrees.cp
     for name, parameter in meta_model(config).named_parameters():
-        if not parameter.requires_grad:
-            continue
         shape = list(parameter.shape)
         if ROUTED_EXPERTS.search(name):
             # EP splits the experts, FSDP/TP the rest of the ranks: all of dp_shard x cp x tp
@@ -264,8 +265,10 @@ def _local_parameter_counts(config, degrees) -> _LocalCounts:
         if degrees.pp > 1 and LAYER.search(name):
             local = math.ceil(local / degrees.pp)  # each stage holds 1/pp of the layers
         counts.elements += local
-        counts.tensors += 1
-        counts.by_name[name] = local
+        if parameter.requires_grad:  # frozen weights (finetune=lora's base): no gradient, no state
+            counts.trainable_elements += local
+            counts.tensors += 1
+            counts.by_name[name] = local
     return counts
 
 

@@ -25,12 +25,13 @@ from torchtitan.trainer import Trainer
 
 from qwen3_neuron.config import layout
 from qwen3_neuron.config.build import build_trainer_config
-from qwen3_neuron.config.memory import MemoryEstimate, check_fit, estimate_memory
+from qwen3_neuron.config.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
 from qwen3_neuron.config.settings import Settings, parse_settings
 from qwen3_neuron.config.torchrun import torchrun_args
 from qwen3_neuron.data.checks import check_data
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
+from qwen3_neuron.finetune.lora import uncovered_note
 from qwen3_neuron.models.hf.model_dir import HFModelDir, check_initial_hf_load, check_tokenizer_fits, open_model_dir
 
 # Counts torchtitan takes as given; zero or negative would fail late or loop forever.
@@ -48,6 +49,7 @@ class Plan:
     job: dict[str, Any]  # what the workers rebuild from (job.yaml): the device and model dir settled
     notes: list[str] = field(default_factory=list)  # what the plan settled or could not check
     memory: MemoryEstimate | None = None  # tensor memory per rank against the device's
+    parameters: dict[str, int] = field(default_factory=dict)  # trainable_parameters, total_parameters
 
     def replacements_by_override(self) -> dict[str, list[str]]:
         """{override target: ["fqn Old -> New", ...]}, for the summary."""
@@ -91,6 +93,18 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
     check_initial_hf_load(config, model.kind)  # from_hf: safetensors present, arch matches
     _check_local_paths(config)
     check_data(config, world_size)  # first rows only: fields, conversations, chat template, validation set
+    if settings.finetune.method == "lora":
+        if layout.resolve_degrees(config.parallelism, world_size).pp > 1:
+            raise ConfigError(
+                "finetune=lora with pipeline parallelism is not supported: the adapters are gathered "
+                "for the export from every rank's model part. Use parallelism=fsdp (or tp)."
+            )
+        _check_lora_base(config, model.kind)
+        note = uncovered_note(settings.finetune, config.model_spec.model)
+        if note:
+            notes.append(note)
+            print(f"[qwen3-neuron] note: {note}", file=sys.stderr)
+    parameters = parameter_counts(config)
     memory = estimate_memory(config, world_size, device, nproc)
     check_fit(memory, config, settings.run.memory_check, warn=lambda message: print(message, file=sys.stderr))
     command = [
@@ -104,7 +118,35 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
         "PYTHONPATH": _worker_pythonpath(),
     }
     job = _job(composed, device, model_dir)
-    return Plan(settings, device, nproc, config, command, env, replacements, job, notes, memory)
+    return Plan(settings, device, nproc, config, command, env, replacements, job, notes, memory, parameters)
+
+
+def parameter_counts(config: Trainer.Config) -> dict[str, int]:
+    """Parameters of the model as built (meta device): those the optimizer gets, and all.
+    finetune=lora: the adapters, and the frozen base plus the adapters."""
+    parameters = list(meta_model(config).parameters())  # a tied weight counted once
+    return {
+        "trainable_parameters": sum(p.numel() for p in parameters if p.requires_grad),
+        "total_parameters": sum(p.numel() for p in parameters),
+    }
+
+
+def _check_lora_base(config: Trainer.Config, kind: str) -> None:
+    """finetune=lora freezes the base: refuse a run where it would stay a random init. Adapters
+    trained on random weights fit no published model (the PEFT export names its base) and are
+    never what a fine-tuning means, so this fails rather than warns. The base comes from HF
+    safetensors: a torchtitan checkpoint of a full model holds no adapter keys, and torchtitan's
+    model-only load asks for every key of the LoRA model."""
+    checkpoint = config.checkpoint
+    if checkpoint.enable and checkpoint.initial_load_in_hf:
+        return
+    where = "model.hf_model's weights" if kind == "hf" else "with checkpoint.initial_load_path=/abs/hf_dir"
+    raise ConfigError(
+        "finetune=lora freezes the base model, but nothing loads it: it would stay a random init. "
+        f"Add checkpointing=from_hf ({where}; e.g. checkpointing=[from_hf,export_hf]). A torchtitan "
+        "checkpoint of a full model cannot be the base (it holds no adapter keys): export it with "
+        "checkpointing=export_hf and load that dir."
+    )
 
 
 def _job(composed: Mapping[str, Any], device: str, model_dir: HFModelDir | None) -> dict[str, Any]:

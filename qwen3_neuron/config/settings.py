@@ -1,4 +1,5 @@
-"""The framework's own config sections: `model`, `kernels`, `device`, `run`, `hf`, `data`.
+"""The framework's own config sections: `model`, `kernels`, `device`, `run`, `hf`, `data`,
+`finetune`.
 
 Everything else in the composed YAML is a torchtitan `Trainer.Config` section under torchtitan's
 own name. These dataclasses are checked by the same code (`fields.apply_fields`), so a typo or a
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from qwen3_neuron.config.fields import apply_fields
+from qwen3_neuron.finetune.names import HF_PROJECTIONS
 
 
 @dataclass(kw_only=True)
@@ -189,6 +191,31 @@ class DataSettings:
 
 
 @dataclass(kw_only=True)
+class FinetuneSettings:
+    method: Literal["full", "lora"] = "full"
+    """full: every weight trains (the default); lora: the base is frozen and only low-rank
+    adapters train (torchtitan's LoRAConverter), exported in PEFT format."""
+
+    rank: int = 8
+    """LoRA: rank r of the adapter matrices A (r x in) and B (out x r)."""
+
+    alpha: float = 16.0
+    """LoRA: the adapter's output is scaled by alpha / rank (PEFT's lora_alpha)."""
+
+    dropout: float = 0.0
+    """LoRA: dropout on the adapter's input (PEFT's lora_dropout). torchtitan 0.3.0's LoRALinear
+    has none, so only 0.0 is accepted; the field exists so the recipe and the export say so."""
+
+    target_modules: list[str] = field(default_factory=lambda: list(HF_PROJECTIONS))
+    """LoRA: the projections that get adapters, in Hugging Face names (q_proj, k_proj, v_proj,
+    o_proj, gate_proj, up_proj, down_proj), the same on every backend."""
+
+    merge_export: bool = True
+    """LoRA with checkpointing=export_hf: also write the merged full model (<run dir>/hf_export)
+    beside the adapter (<run dir>/hf_adapter); false writes the adapter only."""
+
+
+@dataclass(kw_only=True)
 class Settings:
     model: ModelSettings
     kernels: KernelSettings
@@ -196,6 +223,7 @@ class Settings:
     run: RunSettings
     hf: HFSettings
     data: DataSettings
+    finetune: FinetuneSettings
 
 
 SECTIONS: dict[str, type] = {
@@ -205,6 +233,7 @@ SECTIONS: dict[str, type] = {
     "run": RunSettings,
     "hf": HFSettings,
     "data": DataSettings,
+    "finetune": FinetuneSettings,
 }
 
 

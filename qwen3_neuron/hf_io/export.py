@@ -55,21 +55,29 @@ def export_after_training(trainer_config, run_dir: Path, export_dir: str | None 
     """The launcher's call once torchrun exited 0: export when the run saved in HF, else None.
 
     `export_dir` (hf.export_dir): absolute, or relative to the run dir; default `hf_export`.
+    (finetune=lora exports through `adapter_export.export_lora_after_training` instead.)
     """
-    checkpoint = trainer_config.checkpoint
-    if not (checkpoint.enable and checkpoint.last_save_in_hf):
+    if not exports_hf(trainer_config):
         return None
     return export_hf_model(trainer_config, run_dir / (export_dir or EXPORT_DIR_NAME))
 
 
-def export_hf_model(trainer_config, export_dir: Path) -> Path:
-    """Make `export_dir` a complete HF model dir from the run's last HF save; return it."""
+def exports_hf(trainer_config) -> bool:
+    checkpoint = trainer_config.checkpoint
+    return bool(checkpoint.enable and checkpoint.last_save_in_hf)
+
+
+def export_hf_model(trainer_config, export_dir: Path, weights_dir: Path | None = None) -> Path:
+    """Make `export_dir` a complete HF model dir from the run's last HF save; return it.
+
+    `weights_dir`: where the safetensors come from instead of the save itself (finetune=lora:
+    the base merged with the adapters, written inside the save's step dir)."""
     checkpoint_dir = Path(trainer_config.dump_folder) / trainer_config.checkpoint.folder
     step, step_dir = last_hf_save(checkpoint_dir)
     export_dtype = trainer_config.checkpoint.export_dtype
     export_dir = Path(export_dir)
     with building(export_dir) as tmp_dir:
-        _write_weights(step_dir, tmp_dir)
+        _write_weights(weights_dir or step_dir, tmp_dir)
         config = _hf_config(trainer_config)
         config["dtype"] = export_dtype
         config.pop("torch_dtype", None)  # the v4 name of the same key
@@ -77,11 +85,16 @@ def export_hf_model(trainer_config, export_dir: Path) -> Path:
         _write_generation_config(trainer_config, config, tmp_dir)
         _copy_tokenizer(Path(trainer_config.hf_assets_path), tmp_dir)
         _check(tmp_dir, export_dtype)
+    remove_hf_save(checkpoint_dir, step_dir)
+    logger.info("exported step %d to %s", step, export_dir)
+    return export_dir
+
+
+def remove_hf_save(checkpoint_dir: Path, step_dir: Path) -> None:
+    """Delete a consumed HF save (a relaunch would take it for a DCP checkpoint)."""
     shutil.rmtree(step_dir)
     if not any(checkpoint_dir.iterdir()):
         checkpoint_dir.rmdir()  # only the consumed HF save was there
-    logger.info("exported step %d to %s", step, export_dir)
-    return export_dir
 
 
 def last_hf_save(checkpoint_dir: Path) -> tuple[int, Path]:

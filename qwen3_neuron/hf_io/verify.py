@@ -1,5 +1,11 @@
 """Check that an HF model dir loads into Transformers as it is: `python -m qwen3_neuron.hf_io.verify DIR`.
 
+A PEFT adapter dir (finetune=lora's `hf_adapter`, with `adapter_config.json`) is checked too:
+`check_adapter_dir` loads it onto its base with `peft.PeftModel.from_pretrained`, compares the
+file's keys and shapes with the ones PEFT expects, and, given the merged model (`--merged`, by
+default the `hf_export` beside it), that base+adapter logits equal the merged model's on a fixed
+batch (float32).
+
 Builds the model from the dir's config.json (`AutoModelForCausalLM.from_config`), reads every
 safetensors file of the dir and loads them with `load_state_dict`, then prints the missing and
 unexpected keys and any shape mismatch. Exit code 0: everything matched (a missing `lm_head.weight`
@@ -166,13 +172,104 @@ def _tokenizer_problem(model_dir: Path) -> str | None:
     return None
 
 
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # PEFT's name (peft.utils.CONFIG_NAME)
+MERGED_BESIDE = "hf_export"  # where finetune=lora puts the merged model, beside hf_adapter
+LOGITS_ATOL = 1e-4  # float32: W x + s B (A x) vs (W + s B A) x differ by rounding only
+
+
+@dataclass
+class AdapterReport:
+    adapter_dir: Path
+    base_dir: Path
+    merged_dir: Path | None = None
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+    max_logit_difference: float | None = None  # base+adapter vs merged, on `fixed_batch`
+    atol: float = LOGITS_ATOL
+
+    @property
+    def ok(self) -> bool:
+        close = self.max_logit_difference is None or self.max_logit_difference <= self.atol
+        return close and not (self.missing or self.unexpected or self.mismatched)
+
+    def lines(self) -> list[str]:
+        out = [f"adapter dir: {self.adapter_dir} (base: {self.base_dir})"]
+        out.append(f"missing keys ({len(self.missing)}): {', '.join(self.missing) or '-'}")
+        out.append(f"unexpected keys ({len(self.unexpected)}): {', '.join(self.unexpected) or '-'}")
+        if self.mismatched:
+            out.append(f"shape mismatches ({len(self.mismatched)}): " + "; ".join(self.mismatched))
+        if self.merged_dir is None:
+            out.append("merged model: none given, logits not compared")
+        else:
+            out.append(
+                f"base+adapter vs merged {self.merged_dir}: max |logit difference| "
+                f"{self.max_logit_difference:.3g} (atol {self.atol:g})"
+            )
+        out.append("OK" if self.ok else "FAILED")
+        return out
+
+
+def fixed_batch(vocab_size: int):
+    """Token ids every check uses: 2 x 16, seeded."""
+    import torch
+
+    return torch.randint(0, vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+
+
+def check_adapter_dir(
+    adapter_dir: Path, base_dir: Path | None = None, merged_dir: Path | None = None, atol: float = LOGITS_ATOL
+) -> AdapterReport:
+    """Load the adapter onto its base (adapter_config.json's `base_model_name_or_path` unless
+    `base_dir`), compare keys and shapes with PEFT's, then logits with `merged_dir`'s model."""
+    import torch
+    from peft import PeftConfig, PeftModel
+    from peft.utils import get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / ADAPTER_CONFIG_FILE).is_file():
+        raise NotAModelDir(f"{adapter_dir}: no {ADAPTER_CONFIG_FILE}")
+    base = base_dir or PeftConfig.from_pretrained(str(adapter_dir)).base_model_name_or_path
+    if not base:
+        raise NotAModelDir(f"{adapter_dir}: {ADAPTER_CONFIG_FILE} names no base model; pass --base DIR")
+    report = AdapterReport(adapter_dir=adapter_dir, base_dir=Path(base), merged_dir=merged_dir, atol=atol)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(adapter_dir))
+    expected = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(model).items()}
+    on_disk = disk_shapes(sorted(adapter_dir.glob("*.safetensors")))
+    report.missing = sorted(set(expected) - set(on_disk))
+    report.unexpected = sorted(set(on_disk) - set(expected))
+    report.mismatched = [
+        f"{key}: file {on_disk[key]} vs model {expected[key]}"
+        for key in sorted(set(expected) & set(on_disk))
+        if on_disk[key] != expected[key]
+    ]
+    if merged_dir is not None:
+        merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
+        ids = fixed_batch(merged.config.get_text_config().vocab_size)
+        with torch.no_grad():
+            difference = (model(ids).logits - merged(ids).logits).abs().max()
+        report.max_logit_difference = float(difference)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qwen3_neuron.hf_io.verify", description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("model_dir", type=Path, help="an HF model dir, or a PEFT adapter dir")
     parser.add_argument("--trust-remote-code", action="store_true", help="passed to Transformers")
+    parser.add_argument("--base", type=Path, help="adapter dir: its base model (default: adapter_config.json's)")
+    parser.add_argument(
+        "--merged", type=Path, help=f"adapter dir: the merged model (default: {MERGED_BESIDE} beside it)"
+    )
+    parser.add_argument("--atol", type=float, default=LOGITS_ATOL, help="adapter dir: logit tolerance")
     args = parser.parse_args(argv)
     try:
-        report = check_model_dir(args.model_dir, trust_remote_code=args.trust_remote_code)
+        if (args.model_dir / ADAPTER_CONFIG_FILE).is_file():
+            beside = args.model_dir.parent / MERGED_BESIDE
+            merged = args.merged or (beside if (beside / CONFIG_FILE).is_file() else None)
+            report = check_adapter_dir(args.model_dir, args.base, merged, args.atol)
+        else:
+            report = check_model_dir(args.model_dir, trust_remote_code=args.trust_remote_code)
     except (NotAModelDir, OSError, ValueError) as e:
         print(f"not a loadable model dir: {e}", file=sys.stderr)
         return 2

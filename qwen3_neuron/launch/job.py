@@ -131,14 +131,13 @@ class _Job:
             extra["error"] = f"interrupted by {result.interrupted_by}"
         if status == "completed":  # every rank has finished writing: the HF save is complete
             try:
-                export_dir = export_after_training(plan.trainer_config, self.run_dir, plan.settings.hf.export_dir)
-                extra["export_dir"] = str(export_dir) if export_dir else None
+                extra.update(_export(plan, self.run_dir))
             except ExportError as e:
                 print(f"[qwen3-neuron] export failed: {e}", file=sys.stderr)
                 status, exit_code, extra["error"] = "failed", 1, f"export failed: {e}"
         summary = summarize(
             self.run_dir, status, time.time() - start,
-            exit_code=exit_code, overrides=plan.replacements_by_override(), **extra,
+            exit_code=exit_code, overrides=plan.replacements_by_override(), **plan.parameters, **extra,
         )  # fmt: skip
         mode = plan.settings.hf.first_loss_check
         verdict = check_run(summary["first_loss"], plan.trainer_config, mode, warn=lambda m: print(m, file=sys.stderr))
@@ -157,6 +156,17 @@ class _Job:
         return self.finish(code, value)
 
 
+def _export(plan: Plan, run_dir: Path) -> dict:
+    """The summary's export fields: `export_dir`, and for finetune=lora `adapter_dir`."""
+    export_dir, finetune = plan.settings.hf.export_dir, plan.settings.finetune
+    if finetune.method == "lora":
+        from qwen3_neuron.hf_io.adapter_export import export_lora_after_training  # imports torch
+
+        return export_lora_after_training(plan.trainer_config, run_dir, finetune, export_dir)
+    exported = export_after_training(plan.trainer_config, run_dir, export_dir)
+    return {"export_dir": str(exported) if exported else None}
+
+
 def _one_line(summary: dict) -> str:
     shown = {k: v for k, v in summary.items() if k != "overrides" and v is not None}
     return f"{summary['status']}: {json.dumps(shown)}"
@@ -169,6 +179,8 @@ def _print_plan(plan: Plan, run_dir: Path) -> None:
     print(json.dumps(config, indent=2, default=repr))
     print(f"\n[qwen3-neuron] device: {plan.device}, world size {plan.world_size}")
     print(f"[qwen3-neuron] {plan.memory.line()}")
+    counts = plan.parameters
+    print(f"[qwen3-neuron] parameters: {counts['trainable_parameters']:,} trainable of {counts['total_parameters']:,}")
     for line in plan.replacements:
         print(f"[qwen3-neuron] {line}")
     for note in plan.notes:

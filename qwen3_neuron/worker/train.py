@@ -28,10 +28,15 @@ def main(run_dir: Path) -> None:
     from torchtitan.tools.logging import init_logger, logger
 
     from qwen3_neuron.config.build import build_trainer_config
+    from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
+    from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
     from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
 
     init_logger()
     config = build_trainer_config(job, run_dir, device)
+    lora = job.get("finetune", {}).get("method") == "lora"
+    if lora:
+        keep_requires_grad_through_distribution()  # torchtitan's spmd_types path unfreezes the base
     sl.init_structured_logger(
         source="training",  # torchtitan's own name for the trainer's records
         output_dir=config.dump_folder,
@@ -52,6 +57,8 @@ def main(run_dir: Path) -> None:
             meter = measure_training(trainer)  # tensor_memory.json: what the plan's estimate predicts
             trainer.train()
             write_measurement(trainer, meter, run_dir)
+            if lora:
+                save_adapters_for_export(trainer, config)  # the HF save drops the adapters
     except Exception as error:  # torchtitan raises on a non-finite loss, naming the step
         _record_failure(run_dir, error, config)
         raise

@@ -1,0 +1,4 @@
+"""The names `finetune.target_modules` takes on every backend: Qwen3's projections as Hugging Face
+calls them (and PEFT's `target_modules` for Qwen3ForCausalLM)."""
+
+HF_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

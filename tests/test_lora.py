@@ -1,0 +1,296 @@
+"""finetune=lora: the base stays bit-identical, only adapters train, and what is exported is the
+trained model - for PEFT (base + hf_adapter), for Transformers (the merged hf_export) and for
+`python -m qwen3_neuron.hf_io.verify`. One 2-rank run (conftest's `lora_run`) is asserted on."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import LORA_TRAINING, REPO, compose_config, launch, read_jsonl
+from test_resume import _kill_everything_mentioning, _logged, _wait_for
+
+from qwen3_neuron.config.build import build_trainer_config
+from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.config.settings import parse_settings
+from qwen3_neuron.finetune.peft_format import to_peft
+from qwen3_neuron.hf_io.adapter_export import write_adapter
+from qwen3_neuron.hf_io.verify import fixed_batch
+from qwen3_neuron.models.tiny import TINY_DENSE, TINY_MOE
+from qwen3_neuron.run_dir import read_job
+
+RANK, ALPHA = 8, 16.0
+PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+def _adapter_parameters(hf: dict, mlp: bool = True) -> int:
+    """r x (in + out) for every adapted projection of the tiny model, from its HF numbers."""
+    d, hd, ff = hf["hidden_size"], hf["head_dim"], hf["intermediate_size"]
+    q, kv = hf["num_attention_heads"] * hd, hf["num_key_value_heads"] * hd
+    per_layer = (d + q + 2 * kv) + (q + d)  # fused wqkv: one A (r x d), B ((q + 2 kv) x r); wo
+    if mlp:
+        per_layer += 3 * (d + ff)  # w1, w3 (d -> ff), w2 (ff -> d)
+    return RANK * per_layer * hf["num_hidden_layers"]
+
+
+def _safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+def _checkpoint(step_dir: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+    """The model tensors of a DCP checkpoint (torchtitan's keys)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(step_dir, tmp_path / f"{step_dir.name}.pt")
+    saved = torch.load(tmp_path / f"{step_dir.name}.pt", weights_only=False)
+    return {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}
+
+
+def _initial_base(config, assets) -> dict[str, torch.Tensor]:
+    """The tiny HF dir's weights in torchtitan's keys, as the run's from_hf load converts them."""
+    spec = config.model_spec
+    return spec.state_dict_adapter(spec.model, None).from_hf(_safetensors(assets.tiny_qwen3_dir / "model.safetensors"))
+
+
+def _titan_model(run_dir: Path, state: dict[str, torch.Tensor]):
+    """The torchtitan model (LoRA included) as the run recorded it, on the CPU, holding `state`."""
+    config = build_trainer_config(read_job(run_dir), run_dir, "cpu")
+    with torch.device("meta"):
+        model = config.model_spec.model.build()
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)  # the RoPE tables: buffers no checkpoint holds
+    model.load_state_dict(state, strict=True)
+    return model.eval(), config
+
+
+def _titan_logits(model, ids):
+    positions = torch.arange(ids.shape[1]).expand(ids.shape)
+    with torch.no_grad():
+        return model(ids, positions=positions, attention_masks=model.get_attention_masks(positions))
+
+
+def _hf(path, **kwargs):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs).eval()
+
+
+# ---- integration: one LoRA run ------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_only_the_adapters_train_and_the_summary_counts_them(lora_run, assets):
+    summary = json.loads((lora_run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 10
+    base = sum(t.numel() for t in _safetensors(assets.tiny_qwen3_dir / "model.safetensors").values())
+    assert summary["trainable_parameters"] == _adapter_parameters(TINY_DENSE) == 139_264
+    assert summary["total_parameters"] == base + summary["trainable_parameters"]
+    # AdamW holds the 4 layers x 5 projections x (A, B) and nothing of the base
+    assert "Optimizer AdamW (model_part=0): 40 params" in (lora_run / "train.log").read_text()
+    losses = [r["loss"] for r in read_jsonl(lora_run / "metrics.jsonl")]
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.integration
+def test_checkpoints_hold_the_adapters_only(lora_run, assets, tmp_path):
+    base_bytes = (assets.tiny_qwen3_dir / "model.safetensors").stat().st_size
+    for step in (4, 8):
+        step_dir = lora_run / "checkpoint" / f"step-{step}"
+        saved = _checkpoint(step_dir, tmp_path)
+        assert len(saved) == 40 and all(".lora_a." in k or ".lora_b." in k for k in saved), sorted(saved)[:5]
+        assert all(saved[k].abs().max() > 0 for k in saved if ".lora_b." in k)  # B starts at zero: trained
+        # adapters + their two AdamW states: a fraction of the base alone
+        assert sum(p.stat().st_size for p in step_dir.rglob("*") if p.is_file()) < base_bytes / 4
+
+
+@pytest.mark.integration
+def test_the_export_is_the_unchanged_base_plus_the_adapter(lora_run, assets):
+    """Weights without an adapter are the base's, bit for bit; adapted ones are base + alpha/r B A."""
+    base_hf = _safetensors(assets.tiny_qwen3_dir / "model.safetensors")
+    merged = _safetensors(lora_run / "hf_export" / "model.safetensors")
+    adapter = _safetensors(lora_run / "hf_adapter" / "adapter_model.safetensors")
+    assert set(merged) == set(base_hf)
+    adapted = 0
+    for key, weight in merged.items():
+        module = "base_model.model." + key.removesuffix(".weight")
+        if f"{module}.lora_A.weight" not in adapter:
+            assert torch.equal(weight, base_hf[key]), key
+            continue
+        delta = ALPHA / RANK * adapter[f"{module}.lora_B.weight"] @ adapter[f"{module}.lora_A.weight"]
+        assert delta.abs().max() > 0, key
+        torch.testing.assert_close(weight, base_hf[key] + delta, rtol=0, atol=1e-6)
+        adapted += 1
+    assert adapted == 7 * TINY_DENSE["num_hidden_layers"]
+
+
+@pytest.mark.integration
+def test_peft_on_the_base_gives_the_trained_models_logits(lora_run, assets, tmp_path):
+    """The trained torchtitan model (the base + the step-8 adapters) against PEFT with those
+    adapters, converted and written by the export's own code, on the tiny HF dir."""
+    from peft import PeftModel
+
+    adapters = _checkpoint(lora_run / "checkpoint" / "step-8", tmp_path)
+    config = build_trainer_config(read_job(lora_run), lora_run, "cpu")
+    base = _initial_base(config, assets)
+    model, config = _titan_model(lora_run, {**base, **adapters})
+    adapter_dir = tmp_path / "adapter"
+    adapter_dir.mkdir()
+    finetune = parse_settings(read_job(lora_run)).finetune
+    write_adapter(to_peft(adapters, config.model_spec, None), finetune, str(assets.tiny_qwen3_dir), adapter_dir)
+    peft_model = PeftModel.from_pretrained(_hf(assets.tiny_qwen3_dir), adapter_dir).eval()
+    ids = fixed_batch(TINY_DENSE["vocab_size"])
+    with torch.no_grad():
+        peft_logits = peft_model(ids).logits
+    titan_logits = _titan_logits(model, ids)
+    without_adapters = {**base, **{k: (torch.zeros_like(v) if ".lora_b." in k else v) for k, v in adapters.items()}}
+    assert (titan_logits - _titan_logits(_titan_model(lora_run, without_adapters)[0], ids)).abs().max() > 1e-2
+    torch.testing.assert_close(peft_logits, titan_logits, rtol=0, atol=1e-4)
+
+
+@pytest.mark.integration
+def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(lora_run, assets):
+    from peft import PeftModel
+
+    adapter_dir = lora_run / "hf_adapter"
+    assert sorted(p.name for p in adapter_dir.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    hyper = (config["peft_type"], config["r"], config["lora_alpha"], config["lora_dropout"])
+    assert hyper == ("LORA", RANK, ALPHA, 0.0)
+    assert set(config["target_modules"]) == PROJECTIONS and config["task_type"] == "CAUSAL_LM"
+    assert config["base_model_name_or_path"] == str(assets.tiny_qwen3_dir)
+    adapter = _safetensors(adapter_dir / "adapter_model.safetensors")
+    assert len(adapter) == 2 * 7 * TINY_DENSE["num_hidden_layers"]
+    d, hd = TINY_DENSE["hidden_size"], TINY_DENSE["head_dim"]
+    assert adapter["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].shape == (RANK, d)
+    assert adapter["base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight"].shape == (2 * hd, RANK)
+    assert adapter["base_model.model.model.layers.3.mlp.down_proj.lora_A.weight"].shape == (RANK, 768)
+
+    summary = json.loads((lora_run / "summary.json").read_text())
+    assert (summary["adapter_dir"], summary["export_dir"]) == (str(adapter_dir), str(lora_run / "hf_export"))
+    assert not (lora_run / "checkpoint" / "step-10").exists()  # the consumed HF save is gone
+    ids = fixed_batch(TINY_DENSE["vocab_size"])
+    with torch.no_grad():
+        peft_logits = PeftModel.from_pretrained(_hf(assets.tiny_qwen3_dir), adapter_dir).eval()(ids).logits
+        merged_logits = _hf(lora_run / "hf_export")(ids).logits
+        base_logits = _hf(assets.tiny_qwen3_dir)(ids).logits
+    torch.testing.assert_close(merged_logits, peft_logits, rtol=0, atol=1e-4)
+    assert (peft_logits - base_logits).abs().max() > 1e-2  # the adapter does something
+
+    verify = subprocess.run(
+        [sys.executable, "-m", "qwen3_neuron.hf_io.verify", str(adapter_dir)],
+        check=False, cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "missing keys (0)" in verify.stdout and "unexpected keys (0)" in verify.stdout
+    assert f"vs merged {lora_run / 'hf_export'}" in verify.stdout and verify.stdout.strip().endswith("OK")
+
+
+@pytest.mark.integration
+def test_resume_after_kill_9_reloads_the_base_and_continues_bit_identically(lora_run, assets, tmp_path):
+    """kill -9 after the step-4 adapter checkpoint; run.resume loads the base from HF again, the
+    adapters and optimizer from the checkpoint, and ends on the uninterrupted run's losses and
+    adapters, with the base still bit-identical (the final model-only save holds it)."""
+    run_dir = tmp_path / "killed"
+    overrides = [
+        *LORA_TRAINING, "checkpointing=[from_hf,periodic]", f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}",
+        # the final save: the whole model, uncast (qwen3_32b's is a training state, its dtype float16)
+        "checkpoint.last_save_model_only=true", "checkpoint.export_dtype=float32",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *overrides],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    _wait_for(lambda: (run_dir / "checkpoint" / "step-4" / ".metadata").exists() and _logged(run_dir) >= 5, process)
+    _kill_everything_mentioning(str(run_dir))
+    process.wait(timeout=60)
+    assert not (run_dir / "summary.json").exists()
+
+    result = launch(None, f"run.resume={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert f"finetune=lora: resuming; loading the base weights from {assets.tiny_qwen3_dir} first" in log
+    assert re.search(r"Loading the checkpoint from \S*step-(4|8)", log)
+    resumed = {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl")}
+    reference = {r["step"]: r["loss"] for r in read_jsonl(lora_run / "metrics.jsonl")}
+    assert [resumed[s] for s in range(5, 11)] == [reference[s] for s in range(5, 11)]
+
+    final = _checkpoint(run_dir / "checkpoint" / "step-10", tmp_path)  # model-only: base + adapters
+    config = build_trainer_config(read_job(run_dir), run_dir, "cpu")
+    for key, value in _initial_base(config, assets).items():
+        assert torch.equal(final[key], value), key  # not one bit of the base moved, across the resume
+    adapters = to_peft({k: v for k, v in final.items() if ".lora_" in k}, config.model_spec, None)
+    exported = _safetensors(lora_run / "hf_adapter" / "adapter_model.safetensors")
+    assert adapters.keys() == exported.keys()
+    assert all(torch.equal(adapters[k], exported[k]) for k in exported)  # the uninterrupted run's
+
+
+# ---- plans (no processes) -----------------------------------------------------------------------
+
+
+def test_moe_plan_puts_adapters_on_attention_and_says_experts_are_not_covered(assets, tmp_path, capsys):
+    plan = make_plan(
+        compose_config(
+            "model=moe", "finetune=lora", "checkpointing=from_hf",
+            f"checkpoint.initial_load_path={assets.tiny_qwen3_moe_dir}",
+        ),
+        tmp_path / "run",
+    )  # fmt: skip
+    note = next(n for n in plan.notes if n.startswith("finetune=lora"))
+    assert "routed experts (mlp.experts.*) get no LoRA adapters" in note
+    assert "gate_proj, up_proj, down_proj match no Linear layer" in note
+    assert note in capsys.readouterr().err  # said at plan time, not only in a dry run
+    assert plan.parameters["trainable_parameters"] == _adapter_parameters(TINY_MOE, mlp=False)
+
+
+def test_full_finetune_trains_every_parameter(assets, tmp_path):
+    plan = make_plan(compose_config("run.dry_run=true"), tmp_path / "run")
+    counts = plan.parameters
+    assert counts["trainable_parameters"] == counts["total_parameters"] > 3_000_000
+
+
+def test_lora_memory_estimate_keeps_the_frozen_base_and_drops_its_gradients(assets, tmp_path):
+    full = make_plan(compose_config("run.dry_run=true"), tmp_path / "full").memory
+    lora = make_plan(
+        compose_config("run.dry_run=true", "finetune=lora", "checkpointing=from_hf",
+                       f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"),
+        tmp_path / "lora",
+    ).memory  # fmt: skip
+    assert lora.parameters_gib > full.parameters_gib  # base + adapters
+    assert lora.gradients_gib < full.gradients_gib / 20 and lora.optimizer_gib < full.optimizer_gib / 20
+
+
+# ---- the experiments ----------------------------------------------------------------------------
+
+
+def test_trn2_qwen3_4b_lora_names_the_published_weights_and_plans_64_lora_ranks(assets, tmp_path):
+    from qwen3_neuron.errors import ConfigError
+
+    composed = compose_config("experiment=trn2_qwen3_4b_lora", "run.dry_run=true")
+    assert composed["finetune"] == {**composed["finetune"], "method": "lora", "rank": 16, "alpha": 32.0}
+    with pytest.raises(ConfigError, match="initial_load_path=/fsx/models/Qwen3-4B-Instruct-2507"):
+        make_plan(composed, tmp_path / "4b")  # the published weights are not on this machine
+    # the same recipe on the tiny HF dir (its architecture, a RoPE table it covers)
+    plan = make_plan(
+        compose_config("experiment=trn2_qwen3_4b_lora", "run.dry_run=true", "model.flavor=tiny",
+                       "training.seq_len=1024", f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"),
+        tmp_path / "tiny",
+    )  # fmt: skip
+    assert (plan.device, plan.world_size) == ("neuron", 64)
+    assert plan.parameters["trainable_parameters"] == 2 * _adapter_parameters(TINY_DENSE)  # rank 16
+    checkpoint = plan.trainer_config.checkpoint
+    assert checkpoint.initial_load_in_hf and checkpoint.last_save_in_hf and checkpoint.export_dtype == "bfloat16"
+
+
+def test_cpu_qwen3_tiny_lora_plans_the_lora_stand_in(assets, tmp_path):
+    plan = make_plan(compose_config("experiment=cpu_qwen3_tiny_lora"), tmp_path / "run")
+    assert (plan.device, plan.world_size, plan.trainer_config.training.steps) == ("cpu", 2, 5)
+    assert plan.parameters["trainable_parameters"] == _adapter_parameters(TINY_DENSE)
+    assert plan.trainer_config.checkpoint.initial_load_path == str(assets.tiny_qwen3_dir)
