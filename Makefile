@@ -26,7 +26,9 @@ run: setup
 
 test: setup
 	bash scripts/install_slurm.sh   # a local SLURM for tests/test_slurm.py (skips, saying why, if it cannot)
-	$(PY) -m pytest -q $(ARGS)
+	# two test processes, a test file each at a time (its module fixtures train once): a launch
+	# leaves a core idle for much of its start-up, which the other file's launch then uses
+	$(PY) -m pytest -q -n 2 --dist loadfile $(ARGS)
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration" $(ARGS)
