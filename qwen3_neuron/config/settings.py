@@ -84,8 +84,9 @@ class RunSettings:
     """host:port of the c10d rendezvous on node 0, the same on every node; needed when nnodes > 1.
     null with one node: torchrun --standalone."""
 
-    rdzv_id: str = "qwen3_neuron"
-    """Rendezvous id, the same on every node of one job (SLURM: slurm-<job id>)."""
+    rdzv_id: str | int = "qwen3_neuron"
+    """Rendezvous id, the same on every node of one job (SLURM: slurm-<job id>). A number is
+    taken as well: Hydra reads `run.rdzv_id=$SLURM_JOB_ID` as an int."""
 
     max_restarts: int = 0
     """torchrun restarts of all workers after a failure (they resume from the newest checkpoint

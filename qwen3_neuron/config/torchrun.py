@@ -71,5 +71,5 @@ def check_run_settings(run) -> None:
             raise ConfigError(
                 f"run.rdzv_endpoint={run.rdzv_endpoint} is not <host>:<port> (e.g. node0:29500)."
             )
-    if not run.rdzv_id or any(c.isspace() for c in run.rdzv_id):
+    if not str(run.rdzv_id) or any(c.isspace() for c in str(run.rdzv_id)):
         raise ConfigError(f"run.rdzv_id={run.rdzv_id!r}: must be a non-empty word, the same on every node.")
