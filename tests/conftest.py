@@ -34,14 +34,6 @@ def pytest_unconfigure(config):
     shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
-def pytest_collection_modifyitems(items):
-    """Files that launch training first, the rest after (a stable sort: each file's own order is
-    kept). `make test` hands whole files to two processes in this order, so the short unit-test
-    files fill in at the end instead of one long file running alone."""
-    launching = {item.path for item in items if item.get_closest_marker("integration")}
-    items.sort(key=lambda item: item.path not in launching)
-
-
 @pytest.fixture(scope="session")
 def assets():
     """Built once per session into the session's asset dir (deterministic: the same every time)."""
