@@ -94,16 +94,7 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
     _check_local_paths(config)
     check_data(config, world_size)  # first rows only: fields, conversations, chat template, validation set
     if settings.finetune.method == "lora":
-        if layout.resolve_degrees(config.parallelism, world_size).pp > 1:
-            raise ConfigError(
-                "finetune=lora with pipeline parallelism is not supported: the adapters are gathered "
-                "for the export from every rank's model part. Use parallelism=fsdp (or tp)."
-            )
-        _check_lora_base(config, model.kind)
-        note = uncovered_note(settings.finetune, config.model_spec.model)
-        if note:
-            notes.append(note)
-            print(f"[qwen3-neuron] note: {note}", file=sys.stderr)
+        notes.extend(_check_lora(config, settings, world_size))
     parameters = parameter_counts(config)
     memory = estimate_memory(config, world_size, device, nproc)
     check_fit(memory, config, settings.run.memory_check, warn=lambda message: print(message, file=sys.stderr))
@@ -129,6 +120,21 @@ def parameter_counts(config: Trainer.Config) -> dict[str, int]:
         "trainable_parameters": sum(p.numel() for p in parameters if p.requires_grad),
         "total_parameters": sum(p.numel() for p in parameters),
     }
+
+
+def _check_lora(config: Trainer.Config, settings: Settings, world_size: int) -> list[str]:
+    """finetune=lora: refuse what the adapters cannot do; the notes say what they do not cover."""
+    if layout.resolve_degrees(config.parallelism, world_size).pp > 1:
+        raise ConfigError(
+            "finetune=lora with pipeline parallelism is not supported: the adapters are gathered "
+            "for the export from every rank's model part. Use parallelism=fsdp (or tp)."
+        )
+    _check_lora_base(config, settings.model.kind)
+    note = uncovered_note(settings.finetune, config.model_spec.model)
+    if not note:
+        return []
+    print(f"[qwen3-neuron] note: {note}", file=sys.stderr)
+    return [note]
 
 
 def _check_lora_base(config: Trainer.Config, kind: str) -> None:

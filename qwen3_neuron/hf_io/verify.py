@@ -111,13 +111,7 @@ def check_model_dir(model_dir: Path, *, load: bool = True, trust_remote_code: bo
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     in_memory = model.state_dict()
     expected = {k: tuple(v.shape) for k, v in revert_weight_conversion(model, in_memory).items()}
-    report.missing = sorted(set(expected) - set(on_disk))
-    report.unexpected = sorted(set(on_disk) - set(expected))
-    report.mismatched = [
-        f"{key}: file {on_disk[key]} vs model {expected[key]}"
-        for key in sorted(set(expected) & set(on_disk))
-        if on_disk[key] != expected[key]
-    ]
+    _compare_keys(report, expected, on_disk)
     if TIED_HEAD in report.missing and _ties_head(config):
         report.missing.remove(TIED_HEAD)
         report.tied_head = True
@@ -237,13 +231,7 @@ def check_adapter_dir(
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(adapter_dir))
     expected = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(model).items()}
     on_disk = disk_shapes(sorted(adapter_dir.glob("*.safetensors")))
-    report.missing = sorted(set(expected) - set(on_disk))
-    report.unexpected = sorted(set(on_disk) - set(expected))
-    report.mismatched = [
-        f"{key}: file {on_disk[key]} vs model {expected[key]}"
-        for key in sorted(set(expected) & set(on_disk))
-        if on_disk[key] != expected[key]
-    ]
+    _compare_keys(report, expected, on_disk)
     if merged_dir is not None:
         merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
         ids = fixed_batch(merged.config.get_text_config().vocab_size)
@@ -251,6 +239,17 @@ def check_adapter_dir(
             difference = (model(ids).logits - merged(ids).logits).abs().max()
         report.max_logit_difference = float(difference)
     return report
+
+
+def _compare_keys(report, expected: dict[str, tuple], on_disk: dict[str, tuple]) -> None:
+    """Fill `report.missing`, `.unexpected` and `.mismatched` (shapes) from two key -> shape maps."""
+    report.missing = sorted(set(expected) - set(on_disk))
+    report.unexpected = sorted(set(on_disk) - set(expected))
+    report.mismatched = [
+        f"{key}: file {on_disk[key]} vs model {expected[key]}"
+        for key in sorted(set(expected) & set(on_disk))
+        if on_disk[key] != expected[key]
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
