@@ -2,6 +2,7 @@
 is read or written. Both sides of torchrun import this module; it imports nothing of either.
 
     <run dir>/job.yaml            the resolved composed config; workers rebuild from it
+    <run dir>/.plan_ready.<token> the launcher's go to its workers while they run (see below)
     <run dir>/failure.json        rank 0's error and last good checkpoint, when training raised
     <run dir>/train.log           torchrun's whole output
     <run dir>/ranks/              torchrun's per-rank logs
@@ -13,11 +14,21 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/data_cache/         datasets' Arrow cache of local data files (data=text|chat|mix)
     <run dir>/summary.json        how the run ended
     <sweep dir>/.stop_sweep       left by a job that stops the sweep: later jobs skip
+
+The launcher starts torchrun before its plan is done, so that the workers import torchtitan
+while it plans. It gives them a handoff (`HANDOFF_ENV`: the device, a token for this launch and
+its pid); they import, then wait for `.plan_ready.<token>` before reading job.yaml (one file per
+launch: the nodes of a multi-node job may share the run dir). A plan that fails stops them
+instead; a launcher that dies is noticed. A worker run by hand from a recorded run dir has no
+handoff and reads job.yaml at once.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +43,47 @@ TENSOR_MEMORY_FILE = "tensor_memory.json"
 SUMMARY_FILE = "summary.json"
 DATA_STATS_DIR = "data_stats"
 STOP_FILE = ".stop_sweep"
+HANDOFF_ENV = "QWEN3_NEURON_HANDOFF"
+
+_PLAN_POLL_SECONDS = 0.02
+WAITING_LINE = "[qwen3-neuron] workers ready to build; waiting for the launcher's plan"
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """What a worker started before the plan was done needs to know meanwhile."""
+
+    device: str  # fixes.install(device) must run before torchtitan is imported
+    token: str  # names this launch's ready file
+    launcher_pid: int
+
+    def to_env(self) -> dict[str, str]:
+        return {HANDOFF_ENV: json.dumps(asdict(self))}
+
+    @classmethod
+    def from_env(cls) -> Handoff | None:
+        value = os.environ.get(HANDOFF_ENV)
+        return cls(**json.loads(value)) if value else None
+
+    def ready_file(self, run_dir: Path) -> Path:
+        return run_dir / f".plan_ready.{self.token}"
+
+    def mark_ready(self, run_dir: Path) -> None:
+        """Launcher: the plan is recorded; the workers may build."""
+        self.ready_file(run_dir).touch()
+
+    def wait_until_ready(self, run_dir: Path) -> None:
+        """Worker: return once the launcher marked the plan ready; exit if the launcher is gone
+        (a failed plan stops the workers with SIGTERM before that)."""
+        ready = self.ready_file(run_dir)
+        if not ready.exists() and os.environ.get("LOCAL_RANK") == "0":
+            print(WAITING_LINE, flush=True)
+        while not ready.exists():
+            try:
+                os.kill(self.launcher_pid, 0)
+            except ProcessLookupError:
+                raise SystemExit(f"the launcher (pid {self.launcher_pid}) exited before its plan was ready")
+            time.sleep(_PLAN_POLL_SECONDS)
 
 
 def read_job(run_dir: Path) -> dict[str, Any]:

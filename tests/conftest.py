@@ -117,3 +117,16 @@ def lora_run(tmp_path_factory, assets) -> Path:
 def moe_experiment_run(tmp_path_factory, assets) -> Path:
     """experiment=cpu_qwen3_tiny_moe as it is: tiny MoE, blockwise experts, 2 ranks, 5 steps."""
     return trained(tmp_path_factory.mktemp("moe-blockwise") / "run", "experiment=cpu_qwen3_tiny_moe", timeout=600)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of the live processes that mention `text` (a run dir: its torchrun and workers)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in args:
+            found.append(args)
+    return found

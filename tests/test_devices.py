@@ -50,6 +50,23 @@ def test_neuron_without_torch_neuronx_names_the_aws_index():
     assert "torch_neuronx" not in sys.modules
 
 
+def test_the_build_probe_agrees_with_torch_and_a_cpu_job_starts_torchrun_without_importing_torch(tmp_path):
+    assert devices._torch_build_has_gpu_support() == bool(torch.version.cuda or torch.version.hip)
+    # the launcher's path up to torchrun's start, in a fresh interpreter: auto on a CPU build
+    probe = (
+        "import sys; from pathlib import Path\n"
+        "from qwen3_neuron.config.settings import parse_settings\n"
+        "from qwen3_neuron.config.torchrun import worker_launch\n"
+        "sys.path.insert(0, 'tests'); from conftest import compose_config\n"
+        f"launch = worker_launch(parse_settings(compose_config('device=auto')), Path({str(tmp_path)!r}))\n"
+        "print(launch.device, launch.nproc_per_node, 'torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    if devices._torch_build_has_gpu_support():
+        pytest.skip("this torch is a GPU build: asking whether a GPU is here imports torch")
+    assert result.stdout.split() == ["cpu", "2", "False"]
+
+
 def test_unknown_device_is_rejected_with_the_choices():
     with pytest.raises(DeviceUnavailableError, match="auto, cpu, cuda, neuron"):
         devices.resolve_device("tpu")

@@ -11,7 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY, launch, read_jsonl
+from conftest import REPO, TINY, compose_config, launch, processes_mentioning, read_jsonl
+
+from qwen3_neuron.config.settings import parse_settings
+from qwen3_neuron.config.torchrun import worker_launch
+from qwen3_neuron.launch.job import _Workers
+from qwen3_neuron.run_dir import WAITING_LINE, Handoff
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +72,7 @@ def test_a_signal_stops_every_worker_and_keeps_completed_checkpoints(tmp_path, a
     assert process.wait(timeout=120) != 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and 3 <= summary["steps"] < 500
-    assert _processes_mentioning(str(run_dir)) == []
+    assert processes_mentioning(str(run_dir)) == []
     assert (run_dir / "checkpoint" / "step-2" / ".metadata").exists()
 
 
@@ -89,13 +94,28 @@ def _steps_logged(run_dir) -> int:
     return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
-def _processes_mentioning(text: str) -> list[str]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in args:
-            found.append(args)
-    return found
+def test_workers_started_early_wait_for_the_plan_and_a_failed_plan_stops_them(tmp_path, assets):
+    """What the launcher does for every run: torchrun starts while the plan runs; its workers
+    import torchtitan, then wait. A plan that fails stops them and removes what torchrun wrote."""
+    run_dir = tmp_path / "run"
+    workers = _Workers(worker_launch(parse_settings(compose_config()), run_dir), run_dir, verbose=False)
+    deadline = time.time() + 300
+    while not any(WAITING_LINE in log.read_text() for log in run_dir.glob("ranks/*/attempt_0/0/stdout.log")):
+        assert workers.torchrun.process.poll() is None and time.time() < deadline
+        time.sleep(0.2)
+    time.sleep(1)  # a worker that did not wait would be building now
+    assert len(processes_mentioning("qwen3_neuron.worker.train " + str(run_dir))) == 3  # torchrun, 2 ranks
+    assert sorted(p.name for p in run_dir.iterdir()) == ["ranks", "train.log"]  # nothing built: no plan
+    workers.discard()
+    assert processes_mentioning(str(run_dir)) == []
+    assert list(run_dir.iterdir()) == []
+
+
+def test_a_worker_whose_launcher_is_gone_stops_waiting(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    handoff = Handoff("cpu", "token", gone.pid)
+    with pytest.raises(SystemExit, match=f"launcher \\(pid {gone.pid}\\) exited before its plan was ready"):
+        handoff.wait_until_ready(tmp_path)
+    handoff.mark_ready(tmp_path)
+    handoff.wait_until_ready(tmp_path)  # returns: the go is there

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import copy
 import operator
-import os
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +25,10 @@ from qwen3_neuron.config import layout
 from qwen3_neuron.config.build import build_trainer_config
 from qwen3_neuron.config.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
 from qwen3_neuron.config.settings import Settings, parse_settings
-from qwen3_neuron.config.torchrun import torchrun_args
+from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.data.checks import check_data
 from qwen3_neuron.devices import policy as devices
-from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
+from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.lora import uncovered_note
 from qwen3_neuron.models.hf.model_dir import HFModelDir, check_initial_hf_load, check_tokenizer_fits, open_model_dir
 
@@ -40,16 +38,29 @@ MUST_BE_POSITIVE = ("training.steps", "training.local_batch_size", "training.seq
 @dataclass
 class Plan:
     settings: Settings
-    device: str
-    nproc_per_node: int
+    launch: WorkerLaunch  # the device, ranks per node, torchrun command and workers' environment
     trainer_config: Trainer.Config
-    command: list[str]
-    env: dict[str, str]
     replacements: list[str]  # torchtitan's "[Override] target: fqn Old -> New" lines
     job: dict[str, Any]  # what the workers rebuild from (job.yaml): the device and model dir settled
     notes: list[str] = field(default_factory=list)  # what the plan settled or could not check
     memory: MemoryEstimate | None = None  # tensor memory per rank against the device's
     parameters: dict[str, int] = field(default_factory=dict)  # trainable_parameters, total_parameters
+
+    @property
+    def device(self) -> str:
+        return self.launch.device
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.launch.nproc_per_node
+
+    @property
+    def command(self) -> list[str]:
+        return self.launch.command
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.launch.env
 
     def replacements_by_override(self) -> dict[str, list[str]]:
         """{override target: ["fqn Old -> New", ...]}, for the summary."""
@@ -64,22 +75,18 @@ class Plan:
         return self.nproc_per_node * self.settings.run.nnodes
 
     def command_line(self) -> str:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return f"{env} {shlex.join(self.command)}".strip()
+        return self.launch.command_line()
 
 
-def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
-    """Validate everything and work out what to run; raises ConfigError on bad input."""
+def make_plan(composed: Mapping[str, Any], run_dir: Path, launch: WorkerLaunch | None = None) -> Plan:
+    """Validate everything and work out what to run; raises ConfigError on bad input. `launch`:
+    the torchrun command already started for this run (`worker_launch` of the same settings)."""
     settings = parse_settings(composed)
-    dry_run = settings.run.dry_run
-    device = _resolve_device(settings.device.type, dry_run)
+    launch = launch or worker_launch(settings, run_dir)
+    device, nproc = launch.device, launch.nproc_per_node
     # a dry run may plan for a device that is not here: say so, and skip what only it can check
-    missing = devices.unavailable_reason(device) if dry_run else None
+    missing = devices.unavailable_reason(device) if settings.run.dry_run else None
     notes = [f"device={device} is not here ({missing}) - dry run: planned for it, not checked"] if missing else []
-    nproc = settings.run.nproc_per_node
-    nproc = devices.default_nproc(device) if nproc is None else nproc
-    if nproc < 1:
-        raise ConfigError(f"run.nproc_per_node must be >= 1, got {nproc}.")
     model = settings.model
     model_dir = open_model_dir(model.hf_model, model.trust_remote_code) if model.kind == "hf" else None
     config = build_trainer_config(composed, run_dir, device, model_dir)
@@ -98,18 +105,8 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
     parameters = parameter_counts(config)
     memory = estimate_memory(config, world_size, device, nproc)
     check_fit(memory, config, settings.run.memory_check, warn=lambda message: print(message, file=sys.stderr))
-    command = [
-        sys.executable, "-m", "torch.distributed.run", *torchrun_args(settings.run, nproc, run_dir),
-        "-m", "qwen3_neuron.worker.train", str(run_dir),
-    ]  # fmt: skip
-    # user kernels importable from where launch.py runs are importable in the workers too
-    env = {
-        **devices.worker_env(device, nproc),
-        **devices.compiler_env(device),
-        "PYTHONPATH": _worker_pythonpath(),
-    }
     job = _job(composed, device, model_dir)
-    return Plan(settings, device, nproc, config, command, env, replacements, job, notes, memory, parameters)
+    return Plan(settings, launch, config, replacements, job, notes, memory, parameters)
 
 
 def parameter_counts(config: Trainer.Config) -> dict[str, int]:
@@ -162,18 +159,6 @@ def _job(composed: Mapping[str, Any], device: str, model_dir: HFModelDir | None)
     if model_dir is not None:
         job["model"] = {**composed["model"], "hf_model": str(model_dir.path)}
     return job
-
-
-def _worker_pythonpath() -> str:
-    inherited = os.environ.get("PYTHONPATH")
-    return os.pathsep.join([os.getcwd(), inherited] if inherited else [os.getcwd()])
-
-
-def _resolve_device(requested: str, dry_run: bool = False) -> str:
-    try:
-        return devices.resolve_device(requested, dry_run=dry_run)
-    except DeviceUnavailableError as e:
-        raise ConfigError(f"device.type={requested}: {e}") from e
 
 
 def _check_kernels_device(settings: Settings, device: str) -> None:

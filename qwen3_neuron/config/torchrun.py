@@ -1,4 +1,8 @@
-"""torchrun's own arguments for a run: one node standalone, or one node of a multi-node job.
+"""The torchrun command of a run: the device, ranks per node, torchrun's own arguments (one node
+standalone, or one node of a multi-node job) and the workers' environment.
+
+All of it comes from the framework's own settings, without torchtitan, so the launcher can start
+torchrun while its plan is still checking the rest (`run_dir.Handoff`).
 
 One node without a rendezvous endpoint keeps `--standalone` (torchrun picks a free local port).
 A multi-node job runs the same launch once per node - by hand, or once per node of a SLURM job
@@ -14,10 +18,52 @@ torchtitan picks for them, whichever node holds it.
 
 from __future__ import annotations
 
+import os
+import shlex
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.devices import policy as devices
+from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
 from qwen3_neuron.run_dir import RANKS_LOG_DIR
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    device: str
+    nproc_per_node: int
+    command: list[str]
+    env: dict[str, str]  # added to the launcher's own environment for torchrun
+
+    def command_line(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} {shlex.join(self.command)}".strip()
+
+
+def worker_launch(settings, run_dir: Path) -> WorkerLaunch:
+    """How this node starts its workers. `settings` is the framework's `Settings`; a dry run may
+    plan for a device that is not here (the plan says so)."""
+    try:
+        device = devices.resolve_device(settings.device.type, dry_run=settings.run.dry_run)
+    except DeviceUnavailableError as e:
+        raise ConfigError(f"device.type={settings.device.type}: {e}") from e
+    nproc = settings.run.nproc_per_node
+    nproc = devices.default_nproc(device) if nproc is None else nproc
+    if nproc < 1:
+        raise ConfigError(f"run.nproc_per_node must be >= 1, got {nproc}.")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", *torchrun_args(settings.run, nproc, run_dir),
+        "-m", "qwen3_neuron.worker.train", str(run_dir),
+    ]  # fmt: skip
+    # user kernels importable from where launch.py runs are importable in the workers too
+    env = {**devices.worker_env(device, nproc), **devices.compiler_env(device), "PYTHONPATH": _worker_pythonpath()}
+    return WorkerLaunch(device, nproc, command, env)
+
+
+def _worker_pythonpath() -> str:
+    inherited = os.environ.get("PYTHONPATH")
+    return os.pathsep.join([os.getcwd(), inherited] if inherited else [os.getcwd()])
 
 
 def torchrun_args(run, nproc: int, run_dir: Path) -> list[str]:

@@ -29,6 +29,9 @@ trn2.48xlarge run needs beyond torchtitan's own device pick:
 - neuronx-cc flags and a persistent NEFF cache (`compiler_env`).
 A dry run may plan for a device that is not here (`resolve_device(..., dry_run=True)`); the plan
 then says so (`unavailable_reason`).
+
+torch is imported only where a question needs it: the launcher resolves a CPU job's device and
+starts torchrun without it (`_torch_build_has_gpu_support` reads the build's version file).
 """
 
 from __future__ import annotations
@@ -40,8 +43,6 @@ import importlib.machinery
 import importlib.util
 import os
 import types
-
-import torch
 
 from qwen3_neuron.errors import DeviceUnavailableError
 
@@ -76,7 +77,7 @@ def resolve_device(requested: str, *, dry_run: bool = False) -> str:
     if requested == "auto":
         if _neuron_problem() is None:
             return "neuron"
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if _torch_build_has_gpu_support() and _torch().cuda.is_available() else "cpu"
     if requested not in DEVICE_TYPES:
         raise DeviceUnavailableError(
             f"unknown device {requested!r}: choose one of auto, {', '.join(DEVICE_TYPES)}"
@@ -99,7 +100,7 @@ def default_nproc(device_type: str) -> int:
     if device_type == "cpu":
         return CPU_RANKS
     if device_type == "cuda":
-        return torch.cuda.device_count()
+        return _torch().cuda.device_count()
     neuron = _torch_neuron_module()
     if neuron is not None and neuron.is_available():
         return neuron.device_count()  # documented torch.neuron API, counts logical cores
@@ -159,7 +160,7 @@ def mixed_precision_param(device_type: str) -> str | None:
 def _cpu_has_bf16_units() -> bool:
     # torch's own probes (the ones its CPU kernels dispatch on); absent ones count as "no"
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+    return any(getattr(_torch().cpu, name, lambda: False)() for name in probes)
 
 
 def compiler_env(device_type: str) -> dict[str, str]:
@@ -185,7 +186,30 @@ def _check_known(device_type: str) -> None:
         raise ValueError(f"unknown device type {device_type!r}: expected one of {DEVICE_TYPES}")
 
 
+def _torch():
+    import torch  # a second or more: imported by the questions that need it
+
+    return torch
+
+
+@functools.cache
+def _torch_build_has_gpu_support() -> bool:
+    """Whether the installed torch is a CUDA or ROCm build, read from its `torch/version.py`
+    (written at build time) without importing torch: a CPU build never sees a GPU."""
+    spec = importlib.util.find_spec("torch")
+    version_file = spec and spec.submodule_search_locations and os.path.join(
+        spec.submodule_search_locations[0], "version.py"
+    )
+    if not version_file or not os.path.exists(version_file):
+        return True  # unknown layout: ask torch itself
+    module_spec = importlib.util.spec_from_file_location("_torch_build_version", version_file)
+    version = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(version)
+    return bool(getattr(version, "cuda", None) or getattr(version, "hip", None))
+
+
 def _cuda_problem() -> str | None:
+    torch = _torch()
     if torch.cuda.is_available():
         return None
     if torch.version.cuda is None:
@@ -223,7 +247,7 @@ def _torch_neuron_module() -> types.ModuleType | None:
         importlib.import_module("torch_neuronx")
     except ImportError:
         return None
-    return getattr(torch, "neuron", None)
+    return getattr(_torch(), "neuron", None)
 
 
 @functools.cache
@@ -231,7 +255,7 @@ def _flex_attention_trains_on_cpu() -> bool:
     """Probe: does flex_attention accept inputs that require grad on CPU? (not in torch 2.13)"""
     from torch.nn.attention.flex_attention import flex_attention
 
-    q_BNLH = torch.zeros(1, 1, 16, 16, requires_grad=True)
+    q_BNLH = _torch().zeros(1, 1, 16, 16, requires_grad=True)
     try:
         flex_attention(q_BNLH, q_BNLH, q_BNLH).sum().backward()
     except NotImplementedError:  # "FlexAttention does not support backward on CPU"

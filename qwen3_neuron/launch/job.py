@@ -1,5 +1,10 @@
 """One job, as Hydra hands it to launch.py: plan -> record -> torchrun -> export -> report.
 
+torchrun starts as soon as the framework's own settings parse, and its workers import torchtitan
+while the plan checks the rest; they build only once the plan is recorded (`run_dir.Handoff`). A
+plan that fails stops them and removes what they wrote, so a config error leaves what it always
+did. Dry runs, `run.show_data` and resumed runs plan first and start nothing early.
+
 A single run and each job of a sweep go through `run_job`. It never exits the process: Hydra's
 job-end callbacks and log flushing run after it, and `exit_code()` decides the launch's exit
 code once, for single runs and sweeps alike.
@@ -12,6 +17,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,18 +28,19 @@ from omegaconf.errors import OmegaConfBaseException
 
 from qwen3_neuron.config.hydra_setup import register_resolvers
 from qwen3_neuron.config.resume import resumed_config
-from qwen3_neuron.config.settings import parse_settings
+from qwen3_neuron.config.settings import Settings, parse_settings
+from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.errors import ConfigError, ExportError
 from qwen3_neuron.hf_io.export import export_after_training
 from qwen3_neuron.launch import slurm
-from qwen3_neuron.launch.process import run_torchrun
+from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.launch.record import write_record
 from qwen3_neuron.report.hydra_callbacks import sweep_exit_code
 from qwen3_neuron.report.loss_check import check_run
 from qwen3_neuron.report.peak_flops import peak_for_plan, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, sweep_job_value, sweep_stop_reason, write_summary
-from qwen3_neuron.run_dir import MEMORY_ESTIMATE_FILE, METRICS_FILE, write_json
+from qwen3_neuron.run_dir import LOG_FILE, MEMORY_ESTIMATE_FILE, METRICS_FILE, RANKS_LOG_DIR, Handoff, write_json
 
 if TYPE_CHECKING:
     from qwen3_neuron.config.plan import Plan
@@ -60,13 +67,22 @@ def run_job(cfg: DictConfig) -> float | None:
     if stopped_by:
         write_summary(job.run_dir, summarize(job.run_dir, "skipped", 0.0, error=f"not run: {stopped_by}"))
         return None
+    workers = None
     try:
         composed = OmegaConf.to_container(cfg, resolve=True)
         if composed["run"]["resume"]:
             composed = resumed_config(job.run_dir, composed, list(hydra_config.overrides.task))
         composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
-        plan = _plan(composed, job.run_dir)
-    except (ConfigError, OmegaConfBaseException) as e:
+        settings = parse_settings(composed)  # the framework's own sections: typos need no torchtitan
+        workers = _start_early(settings, job.run_dir)
+        from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
+
+        plan = make_plan(composed, job.run_dir, workers and workers.launch)
+    except BaseException as e:
+        if workers is not None:
+            workers.discard()
+        if not isinstance(e, (ConfigError, OmegaConfBaseException)):
+            raise
         return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
     write_record(job.run_dir, plan.job, plan)
     write_json(job.run_dir / MEMORY_ESTIMATE_FILE, plan.memory.to_json())
@@ -76,14 +92,40 @@ def run_job(cfg: DictConfig) -> float | None:
     if plan.settings.run.show_data:
         _show_data(plan, plan.settings.run.show_data)
         return job.finish(0)
-    return job.train(plan)
+    return job.train(plan, workers or _Workers(plan.launch, job.run_dir, plan.settings.run.verbose))
 
 
-def _plan(composed: dict, run_dir: Path) -> Plan:
-    parse_settings(composed)  # the framework's own sections first: their typos need no torchtitan
-    from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
+class _Workers:
+    """This node's torchrun, started with a handoff: its workers import, then wait for `go`."""
 
-    return make_plan(composed, run_dir)
+    def __init__(self, launch: WorkerLaunch, run_dir: Path, verbose: bool):
+        self.launch, self.run_dir = launch, run_dir
+        self.handoff = Handoff(launch.device, uuid.uuid4().hex, os.getpid())
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.torchrun = Torchrun(launch.command, {**launch.env, **self.handoff.to_env()}, run_dir, echo=verbose)
+
+    def go(self, progress: Progress | None) -> LaunchResult:
+        """The plan is recorded: let the workers build, and wait for torchrun to exit."""
+        self.handoff.mark_ready(self.run_dir)
+        try:
+            return self.torchrun.wait(progress)
+        finally:
+            self.handoff.ready_file(self.run_dir).unlink(missing_ok=True)
+
+    def discard(self) -> None:
+        """The plan failed: stop the workers and remove what torchrun wrote."""
+        self.torchrun.stop()
+        (self.run_dir / LOG_FILE).unlink(missing_ok=True)
+        shutil.rmtree(self.run_dir / RANKS_LOG_DIR, ignore_errors=True)
+
+
+def _start_early(settings: Settings, run_dir: Path) -> _Workers | None:
+    """torchrun now, for a run that will train in a fresh run dir; None for a dry run,
+    `run.show_data` and a resumed run (its train.log goes on: started after the plan)."""
+    run = settings.run
+    if run.dry_run or run.show_data or run.resume:
+        return None
+    return _Workers(worker_launch(settings, run_dir), run_dir, run.verbose)
 
 
 def exit_code() -> int:
@@ -115,13 +157,13 @@ class _Job:
             summary, "final_loss", stop_on_failure=stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
         )
 
-    def train(self, plan: Plan) -> float | None:
+    def train(self, plan: Plan, workers: _Workers) -> float | None:
         run = plan.settings.run
         write_run_dir_peak(self.run_dir, peak_for_plan(plan), ranks=plan.world_size)
         steps = plan.trainer_config.training.steps
         progress = None if run.verbose else Progress(self.run_dir / METRICS_FILE, steps, self.label)
         start = time.time()
-        result = run_torchrun(plan.command, plan.env, self.run_dir, progress=progress)
+        result = workers.go(progress)
         if run.node_rank > 0:  # multi-node: node 0 exports, checks and writes the job's summary
             print(f"[qwen3-neuron] node {run.node_rank}: torchrun exited {result.returncode}; node 0 reports the job")
             return self.finish(result.returncode)

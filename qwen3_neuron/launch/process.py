@@ -33,45 +33,62 @@ class LaunchResult:
     interrupted_by: str | None  # signal name when the user stopped the run
 
 
-def run_torchrun(
-    command: list[str], env: dict[str, str], run_dir: Path, progress: Progress | None = None
-) -> LaunchResult:
-    """`progress=None`: torchrun's output on screen as it comes (verbose); else that progress
-    line, and train.log's last lines on screen if the job fails."""
-    process = subprocess.Popen(
-        command,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    received: list[int] = []
+class Torchrun:
+    """The torchrun command as a subprocess, its output drained into train.log from the start
+    (on screen too when `echo`, i.e. verbose): it may run while the launcher is still planning."""
 
-    def forward(signum, _frame):
-        received.append(signum)
-        _signal_group(process, signal.SIGTERM)
-        kill_later = threading.Timer(GRACE_SECONDS, _kill_job, (process,))
-        kill_later.daemon = True
-        kill_later.start()
+    def __init__(self, command: list[str], env: dict[str, str], run_dir: Path, echo: bool):
+        self.run_dir, self.echo = run_dir, echo
+        self.process = subprocess.Popen(
+            command,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.tail: deque[bytes] = deque(maxlen=FAILURE_TAIL_LINES)
+        self._tee = threading.Thread(target=_tee, args=(self.process, run_dir / LOG_FILE, echo, self.tail), daemon=True)
+        self._tee.start()
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    tail: deque[bytes] = deque(maxlen=FAILURE_TAIL_LINES)
-    try:
-        if progress is not None:
-            progress.start()
-        _tee(process, run_dir / LOG_FILE, echo=progress is None, tail=tail)
-        returncode = process.wait()
-    finally:
-        if progress is not None:
-            progress.stop()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    if progress is not None and returncode != 0 and not received:
-        sys.stderr.write(f"[qwen3-neuron] the job failed; the end of {run_dir / LOG_FILE}:\n")
-        sys.stderr.write(b"".join(tail).decode(errors="replace"))
-        sys.stderr.flush()
-    interrupted_by = signal.Signals(received[0]).name if received else None
-    return LaunchResult(returncode, interrupted_by)
+    def wait(self, progress: Progress | None = None) -> LaunchResult:
+        """Until torchrun exits; Ctrl-C / SIGTERM meanwhile stop it (module docstring)."""
+        process, received = self.process, []
+
+        def forward(signum, _frame):
+            received.append(signum)
+            _signal_group(process, signal.SIGTERM)
+            kill_later = threading.Timer(GRACE_SECONDS, _kill_job, (process,))
+            kill_later.daemon = True
+            kill_later.start()
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            if progress is not None:
+                progress.start()
+            returncode = process.wait()
+            self._tee.join()
+        finally:
+            if progress is not None:
+                progress.stop()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if not self.echo and returncode != 0 and not received:
+            sys.stderr.write(f"[qwen3-neuron] the job failed; the end of {self.run_dir / LOG_FILE}:\n")
+            sys.stderr.write(b"".join(self.tail).decode(errors="replace"))
+            sys.stderr.flush()
+        interrupted_by = signal.Signals(received[0]).name if received else None
+        return LaunchResult(returncode, interrupted_by)
+
+    def stop(self) -> None:
+        """Stop it before it trained (the plan failed): SIGTERM, then SIGKILL to torchrun and its
+        workers if they have not gone within the grace time."""
+        _signal_group(self.process, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            _kill_job(self.process)
+            self.process.wait()
+        self._tee.join()
 
 
 def _tee(process: subprocess.Popen, log_path: Path, echo: bool, tail: deque) -> None:

@@ -15,12 +15,13 @@ import sys
 from pathlib import Path
 
 from qwen3_neuron.devices.fixes import install
-from qwen3_neuron.run_dir import FAILURE_FILE, complete_steps, read_job, write_data_stats
+from qwen3_neuron.run_dir import FAILURE_FILE, Handoff, complete_steps, read_job, write_data_stats
 
 
 def main(run_dir: Path) -> None:
-    job = read_job(run_dir)
-    device = job["device"]["type"]
+    # started by the launcher before its plan was done: import while it plans, then wait for it
+    handoff = Handoff.from_env()
+    device = handoff.device if handoff else read_job(run_dir)["device"]["type"]
     install(device)  # before torchtitan modules copy the device type at import
 
     import torch
@@ -32,6 +33,9 @@ def main(run_dir: Path) -> None:
     from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
     from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
 
+    if handoff:
+        handoff.wait_until_ready(run_dir)
+    job = read_job(run_dir)
     init_logger()
     config = build_trainer_config(job, run_dir, device)
     lora = job.get("finetune", {}).get("method") == "lora"
