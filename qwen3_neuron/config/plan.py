@@ -50,6 +50,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # what the plan settled or could not check
     memory: MemoryEstimate | None = None  # tensor memory per rank against the device's
     parameters: dict[str, int] = field(default_factory=dict)  # trainable_parameters, total_parameters
+    compile_cache: str | None = None  # device=neuron: the NEFF cache dir and where that choice came from
 
     def replacements_by_override(self) -> dict[str, list[str]]:
         """{override target: ["fqn Old -> New", ...]}, for the summary."""
@@ -108,8 +109,30 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
         **devices.compiler_env(device),
         "PYTHONPATH": _worker_pythonpath(),
     }
-    job = _job(composed, device, model_dir)
-    return Plan(settings, device, nproc, config, command, env, replacements, job, notes, memory, parameters)
+    cache_dir, compile_cache = _compile_cache(settings, device, notes)
+    if cache_dir is not None:
+        env[devices.NEFF_CACHE_ENV] = cache_dir  # recorded in command.sh, even when it was exported
+    job = _job(composed, device, model_dir, cache_dir)
+    return Plan(
+        settings, device, nproc, config, command, env, replacements, job, notes, memory, parameters,
+        compile_cache,
+    )  # fmt: skip
+
+
+def _compile_cache(settings: Settings, device: str, notes: list[str]) -> tuple[str | None, str | None]:
+    """device=neuron: TorchNeuron's NEFF cache dir (recorded in job.yaml and the workers' env) and
+    the plan's line about it. Outside the run dir on purpose: runs and sweep jobs share it."""
+    requested = settings.device.cache_dir
+    if device != "neuron":
+        if requested is not None:
+            notes.append(f"device.cache_dir={requested} is TorchNeuron's NEFF cache: unused on device={device}")
+        return None, None
+    path, source = devices.neff_cache_dir(requested)
+    line = (
+        f"compile cache: {path} ({devices.NEFF_CACHE_ENV}; {source}) - shared by every run and sweep job "
+        "that compiles the same graphs; the only place the project has this run write outside its run dir"
+    )
+    return str(path), line
 
 
 def parameter_counts(config: Trainer.Config) -> dict[str, int]:
@@ -155,10 +178,13 @@ def _check_lora_base(config: Trainer.Config, kind: str) -> None:
     )
 
 
-def _job(composed: Mapping[str, Any], device: str, model_dir: HFModelDir | None) -> dict[str, Any]:
-    """The composed config as the workers rebuild from it: the device resolved, and model=hf's
-    dir as the local path found here (a Hub id is never looked up again in a worker)."""
-    job = {**composed, "device": {"type": device}}
+def _job(
+    composed: Mapping[str, Any], device: str, model_dir: HFModelDir | None, cache_dir: str | None
+) -> dict[str, Any]:
+    """The composed config as the workers rebuild from it: the device and its NEFF cache dir
+    resolved (a resumed run compiles into the same cache), and model=hf's dir as the local path
+    found here (a Hub id is never looked up again in a worker)."""
+    job = {**composed, "device": {**(composed.get("device") or {}), "type": device, "cache_dir": cache_dir}}
     if model_dir is not None:
         job["model"] = {**composed["model"], "hf_model": str(model_dir.path)}
     return job
