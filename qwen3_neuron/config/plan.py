@@ -6,7 +6,7 @@ and checks it once: on a copy, it does what torchtitan's `Trainer.__init__` does
 before building anything (`ParallelDims`, the model's `update_from_config`, `apply_overrides`,
 `_validate_cuda_graphs`) and turns their errors into `ConfigError`s with what would fit; then
 the checks torchtitan lacks (`layout`, HF dirs, assets, torch capabilities, what the worker's
-`train.main` would assert).
+`train.main` would assert, the static shapes Neuron's compile needs: `static_shapes`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from qwen3_neuron.config import layout
 from qwen3_neuron.config.build import build_trainer_config
 from qwen3_neuron.config.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
 from qwen3_neuron.config.settings import Settings, parse_settings
+from qwen3_neuron.config.static_shapes import check_static_shapes
 from qwen3_neuron.config.torchrun import torchrun_args
 from qwen3_neuron.data.checks import check_data
 from qwen3_neuron.devices import policy as devices
@@ -51,6 +52,7 @@ class Plan:
     memory: MemoryEstimate | None = None  # tensor memory per rank against the device's
     parameters: dict[str, int] = field(default_factory=dict)  # trainable_parameters, total_parameters
     compile_cache: str | None = None  # device=neuron: the NEFF cache dir and where that choice came from
+    static_shapes: str | None = None  # device=neuron + compile: what the static-shape check covered
 
     def replacements_by_override(self) -> dict[str, list[str]]:
         """{override target: ["fqn Old -> New", ...]}, for the summary."""
@@ -88,7 +90,12 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
     _check_kernels_device(settings, device)
     _check_positive(config)
     _check_worker_modes(config, world_size)
-    replacements = _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes)
+    replacements, unapplied = _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes)
+    static_shapes = None
+    if device == "neuron" and config.compile.enable:  # before torchrun: nothing recompiles or fails there
+        static_shapes = check_static_shapes(
+            config, world_size, replacements=replacements, unapplied_factories=unapplied, model_dir=model_dir
+        )
     if model_dir is not None:
         check_tokenizer_fits(config.hf_assets_path, model_dir.vocab_size)
     check_initial_hf_load(config, model.kind)  # from_hf: safetensors present, arch matches
@@ -115,7 +122,7 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path) -> Plan:
     job = _job(composed, device, model_dir, cache_dir)
     return Plan(
         settings, device, nproc, config, command, env, replacements, job, notes, memory, parameters,
-        compile_cache,
+        compile_cache, static_shapes,
     )  # fmt: skip
 
 
@@ -234,19 +241,19 @@ def _check_like_the_trainer(config, world_size, settings, model_dir, missing, no
     process group, no mesh: those come only with `build_mesh`), the model's
     `update_from_config`, `apply_overrides` and `_validate_cuda_graphs`. Their errors become
     ConfigErrors with what would fit; `layout` adds the checks torchtitan lacks. Returns
-    torchtitan's override log lines."""
+    torchtitan's override log lines and the kernel factories a dry run could not apply."""
     trial = copy.deepcopy(config)
     parallel_dims = layout.resolve_degrees(trial.parallelism, world_size)
     layout.update_model_config(trial, world_size)
     layout.check_layout(trial, parallel_dims, model_dir, here=not missing)
     try:
-        return _check_overrides(trial)
+        return _check_overrides(trial), []
     except ConfigError as e:
         if not (missing and _needs_the_device(e)):
             raise
         # the kernels need the absent device to load: check everything else, say so
         notes.append(f"kernels.factories not applied in this dry run: {e}")
-        return _check_overrides(_without_kernel_factories(trial, settings))
+        return _check_overrides(_without_kernel_factories(trial, settings)), list(settings.kernels.factories)
 
 
 def _check_overrides(config: Trainer.Config) -> list[str]:
