@@ -102,7 +102,10 @@ def test_a_trn2_dry_run_prints_the_torchrun_command_and_starts_nothing(tmp_path,
     assert "[qwen3-neuron] device: neuron, world size 64" in out
     assert "NEURON_LOGICAL_NC_CONFIG=2" in out and "torch.distributed.run --standalone --nproc_per_node=64" in out
     assert "note: device=neuron is not here" in out
-    assert "NEURON_CC_FLAGS=" in (run_dir / "command.sh").read_text()
+    assert "[qwen3-neuron] compile cache: " in out  # TorchNeuron's NEFF cache (tests/test_neuron_plan.py)
+    assert "[qwen3-neuron] static shapes for compile.backend=neuron: training batches 2 x 4096 tokens" in out
+    command = (run_dir / "command.sh").read_text()
+    assert "NEURON_CC_FLAGS=" in command and "TORCH_NEURONX_NEFF_CACHE_DIR=" in command
     assert not (run_dir / "train.log").exists()
 
 

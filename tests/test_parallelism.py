@@ -181,8 +181,7 @@ def test_a_cpu_that_emulates_bf16_keeps_fsdp_parameters_in_float32(tmp_path, ass
 
 def test_neuron_env_keeps_what_the_user_exported(monkeypatch):
     monkeypatch.setenv("NEURON_CC_FLAGS", "--target=trn2 --lnc=2 -O1")
-    env = devices.compiler_env("neuron")
-    assert "NEURON_CC_FLAGS" not in env and "TORCH_NEURONX_NEFF_CACHE_DIR" in env
+    assert "NEURON_CC_FLAGS" not in devices.compiler_env("neuron")  # the NEFF cache: tests/test_neuron_plan.py
     assert devices.compiler_env("cpu") == devices.compiler_env("cuda") == {}
 
 

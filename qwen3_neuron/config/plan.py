@@ -6,7 +6,7 @@ and checks it once: on a copy, it does what torchtitan's `Trainer.__init__` does
 before building anything (`ParallelDims`, the model's `update_from_config`, `apply_overrides`,
 `_validate_cuda_graphs`) and turns their errors into `ConfigError`s with what would fit; then
 the checks torchtitan lacks (`layout`, HF dirs, assets, torch capabilities, what the worker's
-`train.main` would assert).
+`train.main` would assert, the static shapes Neuron's compile needs: `static_shapes`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from qwen3_neuron.config import layout
 from qwen3_neuron.config.build import build_trainer_config
 from qwen3_neuron.config.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
 from qwen3_neuron.config.settings import Settings, parse_settings
+from qwen3_neuron.config.static_shapes import check_static_shapes
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.data.checks import check_data
 from qwen3_neuron.devices import policy as devices
@@ -45,6 +46,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # what the plan settled or could not check
     memory: MemoryEstimate | None = None  # tensor memory per rank against the device's
     parameters: dict[str, int] = field(default_factory=dict)  # trainable_parameters, total_parameters
+    compile_cache: str | None = None  # device=neuron: the NEFF cache dir and where that choice came from
+    static_shapes: str | None = None  # device=neuron + compile: what the static-shape check covered
 
     @property
     def device(self) -> str:
@@ -94,7 +97,12 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path, launch: WorkerLaunch |
     _check_kernels_device(settings, device)
     _check_positive(config)
     _check_worker_modes(config, world_size)
-    replacements = _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes)
+    replacements, unapplied = _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes)
+    static_shapes = None
+    if device == "neuron" and config.compile.enable:  # before torchrun: nothing recompiles or fails there
+        static_shapes = check_static_shapes(
+            config, world_size, replacements=replacements, unapplied_factories=unapplied, model_dir=model_dir
+        )
     if model_dir is not None:
         check_tokenizer_fits(config.hf_assets_path, model_dir.vocab_size)
     check_initial_hf_load(config, model.kind)  # from_hf: safetensors present, arch matches
@@ -105,8 +113,27 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path, launch: WorkerLaunch |
     parameters = parameter_counts(config)
     memory = estimate_memory(config, world_size, device, nproc)
     check_fit(memory, config, settings.run.memory_check, warn=lambda message: print(message, file=sys.stderr))
-    job = _job(composed, device, model_dir)
-    return Plan(settings, launch, config, replacements, job, notes, memory, parameters)
+    compile_cache = _compile_cache(settings, launch, notes)
+    job = _job(composed, device, model_dir, launch.env.get(devices.NEFF_CACHE_ENV))
+    return Plan(
+        settings, launch, config, replacements, job, notes, memory, parameters, compile_cache, static_shapes,
+    )  # fmt: skip
+
+
+def _compile_cache(settings: Settings, launch: WorkerLaunch, notes: list[str]) -> str | None:
+    """device=neuron: the plan's line about TorchNeuron's NEFF cache (`worker_launch` put it in the
+    workers' env). Outside the run dir on purpose: runs and sweep jobs share it."""
+    requested = settings.device.cache_dir
+    if launch.device != "neuron":
+        if requested is not None:
+            notes.append(f"device.cache_dir={requested} is TorchNeuron's NEFF cache: unused on device={launch.device}")
+        return None
+    _, source = devices.neff_cache_dir(requested)
+    return (
+        f"compile cache: {launch.env[devices.NEFF_CACHE_ENV]} ({devices.NEFF_CACHE_ENV}; {source}) - shared by "
+        "every run and sweep job that compiles the same graphs; the only place the project has this run write "
+        "outside its run dir"
+    )
 
 
 def parameter_counts(config: Trainer.Config) -> dict[str, int]:
@@ -152,10 +179,13 @@ def _check_lora_base(config: Trainer.Config, kind: str) -> None:
     )
 
 
-def _job(composed: Mapping[str, Any], device: str, model_dir: HFModelDir | None) -> dict[str, Any]:
-    """The composed config as the workers rebuild from it: the device resolved, and model=hf's
-    dir as the local path found here (a Hub id is never looked up again in a worker)."""
-    job = {**composed, "device": {"type": device}}
+def _job(
+    composed: Mapping[str, Any], device: str, model_dir: HFModelDir | None, cache_dir: str | None
+) -> dict[str, Any]:
+    """The composed config as the workers rebuild from it: the device and its NEFF cache dir
+    resolved (a resumed run compiles into the same cache), and model=hf's dir as the local path
+    found here (a Hub id is never looked up again in a worker)."""
+    job = {**composed, "device": {**(composed.get("device") or {}), "type": device, "cache_dir": cache_dir}}
     if model_dir is not None:
         job["model"] = {**composed["model"], "hf_model": str(model_dir.path)}
     return job
@@ -193,19 +223,19 @@ def _check_like_the_trainer(config, world_size, settings, model_dir, missing, no
     process group, no mesh: those come only with `build_mesh`), the model's
     `update_from_config`, `apply_overrides` and `_validate_cuda_graphs`. Their errors become
     ConfigErrors with what would fit; `layout` adds the checks torchtitan lacks. Returns
-    torchtitan's override log lines."""
+    torchtitan's override log lines and the kernel factories a dry run could not apply."""
     trial = copy.deepcopy(config)
     parallel_dims = layout.resolve_degrees(trial.parallelism, world_size)
     layout.update_model_config(trial, world_size)
     layout.check_layout(trial, parallel_dims, model_dir, here=not missing)
     try:
-        return _check_overrides(trial)
+        return _check_overrides(trial), []
     except ConfigError as e:
         if not (missing and _needs_the_device(e)):
             raise
         # the kernels need the absent device to load: check everything else, say so
         notes.append(f"kernels.factories not applied in this dry run: {e}")
-        return _check_overrides(_without_kernel_factories(trial, settings))
+        return _check_overrides(_without_kernel_factories(trial, settings)), list(settings.kernels.factories)
 
 
 def _check_overrides(config: Trainer.Config) -> list[str]:

@@ -68,6 +68,15 @@ class DeviceSettings:
     type: Literal["auto", "cpu", "cuda", "neuron"] = "auto"
     """auto: neuron if torch-neuronx and a device are present, else cuda, else cpu."""
 
+    cache_dir: str | None = None
+    """device=neuron: TorchNeuron's persistent NEFF cache (TORCH_NEURONX_NEFF_CACHE_DIR), where
+    compiled graphs are kept and reused by later runs. null: an exported
+    TORCH_NEURONX_NEFF_CACHE_DIR, else ~/.cache/qwen3_neuron/neff. Shared by every run and every
+    job of a sweep (never per run dir); on a cluster, a shared file system path (e.g. /fsx/neff)
+    so that every node reuses one compile. The one place the project has a Neuron run write outside
+    its run dir (TorchNeuron's own scratch, TORCH_NEURONX_DEBUG_DIR, keeps its default,
+    /tmp/neuron_backend). Unused on cpu/cuda."""
+
 
 @dataclass(kw_only=True)
 class RunSettings:

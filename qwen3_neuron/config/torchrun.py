@@ -58,6 +58,8 @@ def worker_launch(settings, run_dir: Path) -> WorkerLaunch:
     ]  # fmt: skip
     # user kernels importable from where launch.py runs are importable in the workers too
     env = {**devices.worker_env(device, nproc), **devices.compiler_env(device), "PYTHONPATH": _worker_pythonpath()}
+    if device == "neuron":  # recorded in command.sh, even when it was exported
+        env[devices.NEFF_CACHE_ENV] = str(devices.neff_cache_dir(settings.device.cache_dir)[0])
     return WorkerLaunch(device, nproc, command, env)
 
 

@@ -26,7 +26,11 @@ trn2.48xlarge run needs beyond torchtitan's own device pick:
 - no FlexAttention: torchtitan refuses a non-inductor compile backend for FlexAttention models, so
   `override_imports` swaps it for SDPA on the same mask (`kernels/attention/neuron.py`) and
   `install` does the same for the HF backend;
-- neuronx-cc flags and a persistent NEFF cache (`compiler_env`).
+- neuronx-cc flags (`compiler_env`) and TorchNeuron's persistent NEFF cache (`neff_cache_dir`,
+  `device.cache_dir`): TorchNeuron (Neuron 2.30+, no PyTorch/XLA) stores every graph it compiles
+  there, keyed by the graph, and reuses it in later runs; with no TORCH_NEURONX_NEFF_CACHE_DIR it
+  uses /tmp. `neuron_parallel_compile` and NEURON_COMPILE_CACHE_URL belong to the PyTorch/XLA
+  path that Neuron 2.30 retired: nothing here sets or reads them.
 A dry run may plan for a device that is not here (`resolve_device(..., dry_run=True)`); the plan
 then says so (`unavailable_reason`).
 
@@ -43,8 +47,9 @@ import importlib.machinery
 import importlib.util
 import os
 import types
+from pathlib import Path
 
-from qwen3_neuron.errors import DeviceUnavailableError
+from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
 
 DEVICE_TYPES = ("cpu", "cuda", "neuron")
 
@@ -64,6 +69,10 @@ _COMPILE_BACKENDS = {"neuron": "neuron"}  # cpu/cuda: torchtitan's default (indu
 # neuronx-cc flags for trn2 training (NEURON_CC_FLAGS, read by TorchNeuron's compile path): the
 # target, the LNC that must match NEURON_LOGICAL_NC_CONFIG, and transformer-tuned scheduling.
 TRN2_NEURON_CC_FLAGS = f"--target=trn2 --logical-nc-config={TRN2_LOGICAL_NC_CONFIG} --model-type=transformer"
+# TorchNeuron's persistent NEFF cache (TorchNeuron environment variables reference, "caching").
+NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+# The project's per-user cache root (peak_flops.json lives there too); tests point it at a temp dir.
+USER_CACHE_ENV = "QWEN3_NEURON_CACHE"
 
 
 # ---- launcher side ---------------------------------------------------------------------------
@@ -164,18 +173,50 @@ def _cpu_has_bf16_units() -> bool:
 
 
 def compiler_env(device_type: str) -> dict[str, str]:
-    """Compiler/runtime variables the device's workers need, minus those the user exported
-    (theirs are kept: the launcher passes its own environment on)."""
+    """Compiler variables the device's workers need, minus those the user exported (theirs are
+    kept: the launcher passes its own environment on). The NEFF cache is `neff_cache_dir`'s."""
     _check_known(device_type)
     if device_type != "neuron":
         return {}
-    wanted = {
-        "NEURON_CC_FLAGS": TRN2_NEURON_CC_FLAGS,
-        # TorchNeuron's persistent NEFF cache (by default under /tmp, lost with it): compiled
-        # graphs are reused across runs and by every rank; on a cluster point it at a shared dir.
-        "TORCH_NEURONX_NEFF_CACHE_DIR": os.path.expanduser("~/.cache/qwen3_neuron/neff"),
-    }
+    wanted = {"NEURON_CC_FLAGS": TRN2_NEURON_CC_FLAGS}
     return {name: value for name, value in wanted.items() if name not in os.environ}
+
+
+def default_neff_cache_dir() -> Path:
+    """Under the user's cache dir, not the run dir: every run and every job of a sweep with the
+    same graphs reuses what an earlier one compiled ($QWEN3_NEURON_CACHE/neff, else
+    ~/.cache/qwen3_neuron/neff)."""
+    root = os.environ.get(USER_CACHE_ENV) or Path.home() / ".cache" / "qwen3_neuron"
+    return Path(root).expanduser() / "neff"
+
+
+def neff_cache_dir(requested: str | None) -> tuple[Path, str]:
+    """TorchNeuron's NEFF cache for a device=neuron run, and where that choice came from.
+
+    `requested` is `device.cache_dir` (null: not set). An exported TORCH_NEURONX_NEFF_CACHE_DIR
+    is used when the key is not set (a cluster's prolog or a user's shell profile names the shared
+    cache once for every tool); when both are set they must name the same dir. Two different
+    answers are refused rather than one silently dropped: the plan and command.sh must say where
+    the workers' NEFFs go. A relative path is taken from the launch directory."""
+    exported = os.environ.get(NEFF_CACHE_ENV)
+    if requested is None:
+        if exported:
+            return _absolute(exported), f"exported {NEFF_CACHE_ENV}"
+        return default_neff_cache_dir(), "default: the user's cache dir"
+    chosen = _absolute(requested)
+    if exported and _absolute(exported) != chosen:
+        raise ConfigError(
+            f"device.cache_dir={requested} and the exported {NEFF_CACHE_ENV}={exported} name two "
+            f"different NEFF caches. Set one: unset {NEFF_CACHE_ENV}, or drop device.cache_dir "
+            "(the exported one is then used), or make them the same dir."
+        )
+    if chosen.exists() and not chosen.is_dir():
+        raise ConfigError(f"device.cache_dir={requested}: {chosen} exists and is not a directory.")
+    return chosen, "device.cache_dir"
+
+
+def _absolute(path: str) -> Path:
+    return Path(path).expanduser().absolute()
 
 
 # ---- device availability ---------------------------------------------------------------------

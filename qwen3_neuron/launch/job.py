@@ -225,6 +225,9 @@ def _print_plan(plan: Plan, run_dir: Path) -> None:
     print(f"[qwen3-neuron] parameters: {counts['trainable_parameters']:,} trainable of {counts['total_parameters']:,}")
     for line in plan.replacements:
         print(f"[qwen3-neuron] {line}")
+    for line in (plan.compile_cache, plan.static_shapes):
+        if line:
+            print(f"[qwen3-neuron] {line}")
     for note in plan.notes:
         print(f"[qwen3-neuron] note: {note}")
     print(f"[qwen3-neuron] command: {plan.command_line()}")
