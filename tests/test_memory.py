@@ -16,6 +16,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from qwen3_neuron.config.memory import GIB, meta_model
 from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.worker.tensor_memory import MEASURED_STEPS, measure_training
 
 
 def _local_bytes(tensors) -> int:
@@ -106,3 +107,23 @@ def test_planning_model_hf_leaves_transformers_weight_init_as_it_was(tmp_path, a
     make_plan(compose_config("model=hf", "run.dry_run=true"), tmp_path / "run")
     after = (PreTrainedModel.__dict__["_init_weights"], modeling_qwen3.Qwen3DecoderLayer.__dict__["__init__"])
     assert after == before
+
+
+def test_saved_tensors_are_counted_in_the_first_steps_only_and_later_steps_run_unhooked():
+    class Trainer:
+        device = torch.device("cpu")
+
+        def forward_backward_step(self, x):
+            return (x.exp() * 2).sum()  # exp saves its output for backward: 4 x 1024 floats
+
+    trainer = Trainer()
+    meter = measure_training(trainer)
+    x = torch.ones(4, 1024, requires_grad=True)
+    for _ in range(MEASURED_STEPS):
+        assert trainer.forward_backward_step.__name__ == "measured_step"
+        trainer.forward_backward_step(x).backward()
+    assert meter.peak_bytes == 4 * 1024 * 4
+    assert trainer.forward_backward_step.__name__ == "forward_backward_step"  # torchtitan's own again
+    meter.peak_bytes = 0
+    trainer.forward_backward_step(x).backward()
+    assert meter.peak_bytes == 0  # not measured any more

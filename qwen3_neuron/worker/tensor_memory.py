@@ -9,7 +9,9 @@ two can be compared run by run:
 - The static parts are the local sizes of the tensors after training: a DTensor (FSDP, TP)
   counts its local shard only.
 - Activations: every tensor autograd saves for backward passes through
-  `torch.autograd.graph.saved_tensors_hooks` while a training step runs. Each storage counts
+  `torch.autograd.graph.saved_tensors_hooks` while one of the first `MEASURED_STEPS` training
+  steps runs (every step has the same shapes; the hooks' Python per saved tensor would cost
+  every later step its time, and a compiled step its graph). Each storage counts
   once (views of one storage share it) until autograd lets go of the last tensor that holds it
   (the packed object is dropped when backward has used it). Parameters are left out: they are
   counted above, and FSDP's unsharded copies of them are freed after each layer's forward.
@@ -31,6 +33,7 @@ import torch
 from qwen3_neuron.run_dir import TENSOR_MEMORY_FILE, write_json
 
 GIB = 2**30
+MEASURED_STEPS = 2  # forward_backward_step calls: a microbatch each, all of one shape
 
 
 class SavedTensorMeter:
@@ -94,11 +97,16 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def measure_training(trainer) -> SavedTensorMeter:
-    """Count what the trainer's steps save for backward (each step runs under the hooks)."""
+    """Count what the trainer's first steps save for backward; later steps run untouched."""
     meter = SavedTensorMeter()
     step = trainer.forward_backward_step
+    calls = 0
 
     def measured_step(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == MEASURED_STEPS:
+            trainer.forward_backward_step = step  # the next calls go straight to torchtitan's
         with meter.hooks():
             return step(*args, **kwargs)
 
