@@ -56,6 +56,8 @@ PLAN_TIME = [
     (["model=moe", "model.num_experts=0"], ["model.num_experts must be >= 1"]),
     (["model=moe", "model.flavor=tiny"], ["model.flavor=tiny", "tiny_moe"]),
     (["model.num_experts=4"], ["model.num_experts applies to model=moe"]),
+    (["model=moe", "checkpointing=export_hf"], ["checkpointing=export_hf cannot export model.flavor=tiny_moe",
+                                                "native MoE models have no config.json mapping", "checkpointing=periodic"]),
     (["model.flavor=32B"], ["does not fit", "GiB of", "parameters 61.02", "more FSDP ranks", "run.memory_check=warn"]),
     # torchtitan's own checks (ParallelDims, update_from_config, _validate_cuda_graphs), named
     (["parallelism.context_parallel_degree=0"], ["parallelism.context_parallel_degree=0: must be >= 1"]),

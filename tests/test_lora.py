@@ -18,6 +18,7 @@ from test_resume import _kill_everything_mentioning, _logged, _wait_for
 from qwen3_neuron.config.build import build_trainer_config
 from qwen3_neuron.config.plan import make_plan
 from qwen3_neuron.config.settings import parse_settings
+from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.peft_format import to_peft
 from qwen3_neuron.hf_io.adapter_export import write_adapter
 from qwen3_neuron.hf_io.verify import fixed_batch
@@ -294,3 +295,13 @@ def test_cpu_qwen3_tiny_lora_plans_the_lora_stand_in(assets, tmp_path):
     assert (plan.device, plan.world_size, plan.trainer_config.training.steps) == ("cpu", 2, 5)
     assert plan.parameters["trainable_parameters"] == _adapter_parameters(TINY_DENSE)
     assert plan.trainer_config.checkpoint.initial_load_path == str(assets.tiny_qwen3_dir)
+
+
+def test_a_moe_lora_export_is_refused_merged_and_planned_as_adapters_alone(assets, tmp_path):
+    load = ["model=moe", "finetune=lora", "checkpointing=[from_hf,export_hf]",
+            f"checkpoint.initial_load_path={assets.tiny_qwen3_moe_dir}"]  # fmt: skip
+    with pytest.raises(ConfigError, match="native MoE models have no config.json mapping") as error:
+        make_plan(compose_config(*load), tmp_path / "merged")
+    assert "finetune.merge_export=false exports the adapters alone" in str(error.value)
+    plan = make_plan(compose_config(*load, "finetune.merge_export=false"), tmp_path / "adapters")
+    assert plan.trainer_config.checkpoint.last_save_in_hf

@@ -29,9 +29,15 @@ from qwen3_neuron.config.static_shapes import check_static_shapes
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.data.checks import check_data
 from qwen3_neuron.devices import policy as devices
-from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.errors import ConfigError, UnsupportedModel
 from qwen3_neuron.finetune.lora import uncovered_note
-from qwen3_neuron.models.hf.model_dir import HFModelDir, check_initial_hf_load, check_tokenizer_fits, open_model_dir
+from qwen3_neuron.models.hf.model_dir import (
+    HFModelDir,
+    check_initial_hf_load,
+    check_tokenizer_fits,
+    native_architecture,
+    open_model_dir,
+)
 
 # Counts torchtitan takes as given; zero or negative would fail late or loop forever.
 MUST_BE_POSITIVE = ("training.steps", "training.local_batch_size", "training.seq_len", "metrics.log_freq")
@@ -106,6 +112,7 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path, launch: WorkerLaunch |
     if model_dir is not None:
         check_tokenizer_fits(config.hf_assets_path, model_dir.vocab_size)
     check_initial_hf_load(config, model.kind)  # from_hf: safetensors present, arch matches
+    _check_export(config, settings)
     _check_local_paths(config)
     check_data(config, world_size)  # first rows only: fields, conversations, chat template, validation set
     if settings.finetune.method == "lora":
@@ -144,6 +151,25 @@ def parameter_counts(config: Trainer.Config) -> dict[str, int]:
         "trainable_parameters": sum(p.numel() for p in parameters if p.requires_grad),
         "total_parameters": sum(p.numel() for p in parameters),
     }
+
+
+def _check_export(config: Trainer.Config, settings: Settings) -> None:
+    """checkpointing=export_hf of a native model: its config.json must be writable, or the run
+    would train and then fail to export."""
+    checkpoint = config.checkpoint
+    if settings.model.kind == "hf" or not (checkpoint.enable and checkpoint.last_save_in_hf):
+        return
+    if settings.finetune.method == "lora" and not settings.finetune.merge_export:
+        return  # the adapter dir alone: PEFT's adapter_config.json names the base
+    try:
+        native_architecture(config.model_spec.model)
+    except UnsupportedModel as e:
+        lora = " (finetune=lora: finetune.merge_export=false exports the adapters alone)"
+        raise ConfigError(
+            f"checkpointing=export_hf cannot export model.flavor={config.model_spec.flavor}: {e}. "
+            f"Train without the export (e.g. checkpointing=periodic keeps torchtitan's checkpoints)"
+            f"{lora if settings.finetune.method == 'lora' else ''}."
+        ) from e
 
 
 def _check_lora(config: Trainer.Config, settings: Settings, world_size: int) -> list[str]:
