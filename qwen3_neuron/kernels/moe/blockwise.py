@@ -64,25 +64,106 @@ def torch_block_mlp(
     w2_EDF: torch.Tensor,
     w3_EFD: torch.Tensor,
 ) -> torch.Tensor:
-    """SwiGLU of every block with its expert's weights: (G, S, D) -> (G, S, D).
+    """SwiGLU of every block with its expert's weights: (G, S, D) -> (G, S, D), in x's dtype.
 
-    The weights are gathered per block in their own dtype and only then cast to `x_GSD`'s:
-    the backward of the gather sums each expert's per-block gradients in the weights' dtype
-    (fp32 params: fp32 sums, as torchtitan's grouped matmul accumulates).
+    Differentiable in x and the weights (`_BlockSwiGLU`: an explicit backward). Each expert's
+    per-block weight gradients are summed in the weights' own dtype (fp32 params: fp32 sums,
+    as torchtitan's grouped matmul accumulates).
     """
-    dtype = x_GSD.dtype
-    # Gate and up in one matmul, chunked apart after. The weights are transposed (one copy
-    # per expert) before the per-block gather, so that gather, the matmuls and the gradient
-    # scatter all see contiguous tensors: on CPU, index_select / index_add on strided tensors
-    # are many times slower.
-    w13T_ED2F = torch.cat([w1_EFD, w3_EFD], dim=1).transpose(1, 2).contiguous()
-    w13T_GD2F = w13T_ED2F.index_select(0, block_to_expert_G).to(dtype)
-    gate_up_GS2F = torch.bmm(x_GSD, w13T_GD2F)
-    gate_GSF, up_GSF = gate_up_GS2F.chunk(2, dim=-1)
-    h_GSF = F.silu(gate_GSF) * up_GSF
-    w2T_EFD = w2_EDF.transpose(1, 2).contiguous()
-    w2T_GFD = w2T_EFD.index_select(0, block_to_expert_G).to(dtype)
-    return torch.bmm(h_GSF, w2T_GFD)
+    return _BlockSwiGLU.apply(x_GSD, block_to_expert_G, w1_EFD, w2_EDF, w3_EFD)
+
+
+def _bmm_k_major(aT_GKM: torch.Tensor, b_GKN: torch.Tensor) -> torch.Tensor:
+    """(G, M, N) = a @ b with both operands stored contraction dimension first.
+
+    Every matmul of the block SwiGLU goes through here, its operands laid out so (G, K, M) and
+    (G, K, N) are contiguous -- the layout the NKI kernel also takes (contraction on the
+    partitions). It is the fast one for CPU bf16 matmuls: torch 2.13's CPU bf16 gemm runs
+    ~20x faster on it than on row-major (G, M, K) @ (G, K, N), measured on a 2-core AMD EPYC
+    (bench/moe_experts.py); CUDA and Neuron take any layout.
+    """
+    return torch.bmm(aT_GKM.transpose(1, 2), b_GKN)
+
+
+def _k_major(t_GMK: torch.Tensor) -> torch.Tensor:
+    """The same (G, M, K) values stored (G, K, M): one copy, cheap next to the matmuls."""
+    return t_GMK.transpose(1, 2).contiguous()
+
+
+class _BlockSwiGLU(torch.autograd.Function):
+    """Per-block SwiGLU with a hand-written backward, so that the five backward matmuls also
+    get contraction-first operands (autograd's bmm backward would hand them row-major ones).
+
+    Layout: hidden activations are kept hidden-dim first, `(G, F, S)`, which is what both the
+    down projection (contracting F) and the input gradient (contracting 2F) want.
+    """
+
+    @staticmethod
+    def forward(ctx, x_GSD, block_to_expert_G, w1_EFD, w2_EDF, w3_EFD):
+        dtype = x_GSD.dtype
+        # Weights cast to the compute dtype once per expert (E copies), then gathered per block.
+        w13_E2FD = torch.cat([w1_EFD, w3_EFD], dim=1).to(dtype)
+        w2_EDF_c = w2_EDF.to(dtype)
+        w13T_GD2F = _k_major(w13_E2FD).index_select(0, block_to_expert_G)
+        w2T_GFD = _k_major(w2_EDF_c).index_select(0, block_to_expert_G)
+
+        # gate_upT (G, 2F, S) = w13 @ x^T, contracting D.
+        gate_upT_G2FS = _bmm_k_major(w13T_GD2F, _k_major(x_GSD))
+        gateT_GFS, upT_GFS = gate_upT_G2FS.chunk(2, dim=1)
+        silu_gateT_GFS = F.silu(gateT_GFS)
+        hT_GFS = silu_gateT_GFS * upT_GFS
+        # y (G, S, D) = h @ w2^T, contracting F.
+        y_GSD = _bmm_k_major(hT_GFS, w2T_GFD)
+
+        ctx.save_for_backward(
+            x_GSD, block_to_expert_G, w13_E2FD, w2_EDF_c, gate_upT_G2FS, silu_gateT_GFS, hT_GFS
+        )
+        ctx.weight_dtypes = (w1_EFD.dtype, w2_EDF.dtype, w3_EFD.dtype)
+        return y_GSD
+
+    @staticmethod
+    def backward(ctx, grad_y_GSD):
+        x_GSD, block_to_expert_G, w13_E2FD, w2_EDF, gate_upT_G2FS, silu_gateT_GFS, hT_GFS = (
+            ctx.saved_tensors
+        )
+        dtype1, dtype2, dtype3 = ctx.weight_dtypes
+        need_x, _, need_w1, need_w2, need_w3 = ctx.needs_input_grad
+        grad_y_GSD = grad_y_GSD.to(x_GSD.dtype)
+        gateT_GFS, upT_GFS = gate_upT_G2FS.chunk(2, dim=1)
+
+        # grad_hT (G, F, S) = w2^T @ grad_y^T, contracting D.
+        w2_GDF = w2_EDF.index_select(0, block_to_expert_G)
+        grad_hT_GFS = _bmm_k_major(w2_GDF, _k_major(grad_y_GSD))
+        # silu(gate) * up, backward: the same ops autograd runs for it.
+        grad_gateT_GFS = torch.ops.aten.silu_backward(grad_hT_GFS * upT_GFS, gateT_GFS)
+        grad_upT_GFS = grad_hT_GFS * silu_gateT_GFS
+        grad_gate_upT_G2FS = torch.cat([grad_gateT_GFS, grad_upT_GFS], dim=1)
+
+        grad_x_GSD = grad_w1 = grad_w2 = grad_w3 = None
+        if need_x:
+            # grad_x (G, S, D) = grad_gate_up @ w13, contracting 2F.
+            w13_G2FD = w13_E2FD.index_select(0, block_to_expert_G)
+            grad_x_GSD = _bmm_k_major(grad_gate_upT_G2FS, w13_G2FD)
+        if need_w2:
+            # grad_w2 per block (G, D, F) = grad_y^T @ h, contracting S.
+            grad_w2_GDF = _bmm_k_major(grad_y_GSD, _k_major(hT_GFS))
+            grad_w2 = _sum_per_expert(grad_w2_GDF, block_to_expert_G, w2_EDF.shape[0], dtype2)
+        if need_w1 or need_w3:
+            # grad_w13 per block (G, 2F, D) = grad_gate_up^T @ x, contracting S.
+            grad_w13_G2FD = _bmm_k_major(_k_major(grad_gate_upT_G2FS), x_GSD)
+            num_experts = w13_E2FD.shape[0]
+            grad_w1_GFD, grad_w3_GFD = grad_w13_G2FD.chunk(2, dim=1)
+            if need_w1:
+                grad_w1 = _sum_per_expert(grad_w1_GFD, block_to_expert_G, num_experts, dtype1)
+            if need_w3:
+                grad_w3 = _sum_per_expert(grad_w3_GFD, block_to_expert_G, num_experts, dtype3)
+        return grad_x_GSD, None, grad_w1, grad_w2, grad_w3
+
+
+def _sum_per_expert(grad_G, block_to_expert_G, num_experts, dtype):
+    """Per-block weight gradients (G, ...) summed into their experts' (E, ...), in `dtype`."""
+    out_E = grad_G.new_zeros((num_experts, *grad_G.shape[1:]), dtype=dtype)
+    return out_E.index_add_(0, block_to_expert_G, grad_G.to(dtype))
 
 
 def blockwise_swiglu(
