@@ -37,9 +37,9 @@ copies of the expert weights (G = number of blocks) and the fp32 sum of their gr
 NKI kernel reads the weights in place instead. Measured on 2 shared CPU cores (torch 2.13,
 1 thread, fwd+bwd medians of 5 interleaved repeats, two runs): blockwise / grouped_mm =
 0.19-0.21x at tiny_moe's shape, 0.27-0.31x at debugmodel_moe's; before the contraction-first
-layout 1.25x and 1.50x. Both
-sides pay CPU bf16 matmul costs that depend on layout; on a GPU, where layout matters little,
-the padding factor and the weight copies above set the ratio (not measured).
+layout 1.25x and 1.50x. Both sides pay CPU bf16 matmul costs that depend on layout; on a GPU,
+where layout matters little, the padding factor and the weight copies above set the ratio (not
+measured).
 """
 
 from __future__ import annotations
