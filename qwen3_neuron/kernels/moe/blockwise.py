@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 from torch.distributed.tensor import DTensor
 from torchtitan.config import derive, override
 from torchtitan.models.common.moe import GroupedExperts
@@ -105,8 +106,9 @@ def _k_major(t_GMK: torch.Tensor) -> torch.Tensor:
 
 
 class _BlockSwiGLU(torch.autograd.Function):
-    """Per-block SwiGLU with a hand-written backward, so that the five backward matmuls also
+    """Per-block SwiGLU with a hand-written backward, so that the four backward matmuls also
     get contraction-first operands (autograd's bmm backward would hand them row-major ones).
+    Differentiable once (no double backward), as torchtitan's grouped experts are trained.
 
     Layout: hidden activations are kept hidden-dim first, `(G, F, S)`, which is what both the
     down projection (contracting F) and the input gradient (contracting 2F) want.
@@ -136,6 +138,7 @@ class _BlockSwiGLU(torch.autograd.Function):
         return y_GSD
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_y_GSD):
         x_GSD, block_to_expert_G, w13_E2FD, w2_EDF, gate_upT_G2FS, silu_gateT_GFS, hT_GFS = (
             ctx.saved_tensors
