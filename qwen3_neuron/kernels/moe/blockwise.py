@@ -35,8 +35,8 @@ static number of blocks, the worst case over routings (`max_num_blocks`): with 1
 1.22x the routed rows at tiny_moe's shape, 1.49x at debugmodel_moe's (64 experts); plus G
 copies of the expert weights (G = number of blocks) and the fp32 sum of their gradients. The
 NKI kernel reads the weights in place instead. Measured on 2 shared CPU cores (torch 2.13,
-1 thread, fwd+bwd medians of 5 interleaved repeats, two runs): blockwise / grouped_mm =
-0.19-0.21x at tiny_moe's shape, 0.27-0.31x at debugmodel_moe's; before the contraction-first
+1 thread, fwd+bwd medians of 5 interleaved repeats, three runs): blockwise / grouped_mm =
+0.19-0.21x at tiny_moe's shape, 0.25-0.31x at debugmodel_moe's; before the contraction-first
 layout 1.25x and 1.50x. Both sides pay CPU bf16 matmul costs that depend on layout; on a GPU,
 where layout matters little, the padding factor and the weight copies above set the ratio (not
 measured).
