@@ -1,9 +1,11 @@
 """Forward + backward time of the MoE experts: blockwise reference vs torchtitan's default.
 
 torchtitan's `GroupedExperts` uses `torch._grouped_mm` (on CPU a loop of one matmul per
-expert); `BlockwiseGroupedExperts` pads rows into blocks and runs batched matmuls on per-block
-weight copies. Both get the same weights, rows and routing; repetitions alternate between the
-two so drift (thermal, other load) hits both alike; medians are reported.
+expert); `BlockwiseGroupedExperts` pads rows into blocks (a static number of them, the worst
+case over routings) and runs batched matmuls on per-block weight copies, operands stored
+contraction dimension first. Both get the same weights, rows and routing; repetitions alternate
+between the two so drift (thermal, other load) hits both alike; every repetition and the
+medians are printed. On a shared machine, `--threads 1` makes the two less sensitive to load.
 
     .venv/bin/python -m bench.moe_experts                 # from the repo root; both shapes, CPU
     .venv/bin/python -m bench.moe_experts --device cuda --reps 20
@@ -18,6 +20,7 @@ import time
 import torch
 from torchtitan.models.common.moe import GroupedExperts
 
+from qwen3_neuron.kernels.moe.block_layout import max_num_blocks
 from qwen3_neuron.kernels.moe.blockwise import DEFAULT_BLOCK_SIZE, blockwise_experts
 from qwen3_neuron.models.tiny import TINY_MOE
 
@@ -76,15 +79,18 @@ def bench_shape(name, dim, hidden, num_experts, top_k, args, device) -> None:
     medians = {label: statistics.median(ts) for label, ts in times.items()}
     rows = x.shape[0]
     blocks = sum(-(-c // args.block_size) for c in counts.tolist())
+    static_blocks = max_num_blocks(rows, num_experts, args.block_size)
     print(
         f"{name}: dim {dim}, hidden {hidden}, {num_experts} experts, top {top_k}, "
         f"{args.tokens} tokens -> {rows} routed rows, {blocks} blocks of {args.block_size} "
-        f"used ({rows / (blocks * args.block_size):.0%} full)"
+        f"used ({rows / (blocks * args.block_size):.0%} full), {static_blocks} computed "
+        f"(static bound: {static_blocks * args.block_size / rows:.2f}x the rows)"
     )
     for label, median in medians.items():
-        print(f"  {label:>10}: median {median * 1e3:8.1f} ms  (fwd+bwd, {args.reps} reps)")
+        each = " ".join(f"{t * 1e3:.1f}" for t in times[label])
+        print(f"  {label:>10}: median {median * 1e3:8.1f} ms  (fwd+bwd; reps: {each})")
     ratio = medians["blockwise"] / medians["grouped_mm"]
-    print(f"  blockwise / grouped_mm = {ratio:.2f}x")
+    print(f"  blockwise / grouped_mm = {ratio:.3f}x")
 
 
 def main() -> None:
