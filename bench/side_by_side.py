@@ -132,7 +132,8 @@ def timed_training(
     wall = time.perf_counter() - start
     if code != 0 or first_step is None or not timed:
         why = f"killed after {timeout_s:.0f} s" if timer and wall >= timeout_s else f"exit code {code}"
-        raise RunFailed(f"{why}, {len(timed)} timed steps: {' '.join(command)}\n" + "".join(tail[-15:]))
+        error = next((line.strip() for line in reversed(tail) if re.search(r"\w+Error\b", line)), "")
+        raise RunFailed(f"{why}, {len(timed)} timed steps: {error}\n{' '.join(command)}\n" + "".join(tail[-15:]))
     tflops = [s.tflops for s in timed if s.tflops is not None]
     return Timing(
         first_step,
