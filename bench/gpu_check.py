@@ -114,7 +114,8 @@ def rows(device: str, sizes: Sizes, hf_dir: Path) -> list[Row]:
     }
     tokenizer = {"hf_assets_path": paths.tokenizer_dir}
     one_rank = [f"device={device}", "run.nproc_per_node=1"]
-    native = [*one_rank, "model=native", f"model.config_fn={sizes.native_config}", f"model.flavor={sizes.native_flavor}"]
+    native = [*one_rank, "model=native", f"model.config_fn={sizes.native_config}",
+              f"model.flavor={sizes.native_flavor}"]  # fmt: skip
     moe = [*one_rank, "model=moe", f"model.config_fn={MOE_CONFIG}", f"model.flavor={sizes.moe_flavor}"]
     moe_config = MOE_CONFIG if sizes.moe_module == "qwen3" else qwen3_moe_debug_tiny.__name__
     return [
@@ -234,15 +235,16 @@ def run_rows(args, table: list[Row], sizes: Sizes, runs: Path) -> None:
             print(f"-- {row.name}: {row.errors[-1]}", flush=True)
             continue
         bare_settings = {**row.settings, **row.bare_only, "dump_folder": runs / f"{slug}-bare"}
-        bare_args = ["--module", row.module, "--config", row.config, *(bare_flag(k, v) for k, v in bare_settings.items())]
+        bare_flags = [bare_flag(key, value) for key, value in bare_settings.items()]
+        bare_args = ["--module", row.module, "--config", row.config, *bare_flags]
         if row.bare_from:
             row.bare = next(r.bare for r in table if r.name == row.bare_from)
         else:
             command = bare_command(bare_settings, module=row.module, config=row.config, device=args.device, nproc=1)
             row.bare = _timed(row, "bare", command, runs / f"{slug}-bare.log", sizes)
         run_dir = runs / f"{slug}-ours"
-        row.ours = _timed(row, "ours", launch_command(row.settings, run_dir, row.selection), run_dir.with_suffix(".log"),
-                          sizes)  # fmt: skip
+        ours_command = launch_command(row.settings, run_dir, row.selection)
+        row.ours = _timed(row, "ours", ours_command, run_dir.with_suffix(".log"), sizes)
         if not row.compiled:
             eager_walls += [t.wall_s for t in (row.bare, row.ours) if t]
         peak = read_json(run_dir / PEAK_FLOPS_FILE)

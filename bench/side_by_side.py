@@ -26,7 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 # torchtitan's step line: "step:  5  loss:  7.2  ...  tps: 1,234  tflops: 5.67  mfu: 0.57%" (colour codes
 # between); never its "validate step: ..." line
-STEP = re.compile(r"(?<!validate )step:\s*(\d+)\s.*?loss:\s*([-+0-9.eE]+|nan|inf).*?tps: ([0-9,]+)(?:.*?tflops: ([0-9,.]+))?")
+STEP = re.compile(
+    r"(?<!validate )step:\s*(\d+)\s.*?loss:\s*([-+0-9.eE]+|nan|inf).*?tps: ([0-9,]+)(?:.*?tflops: ([0-9,.]+))?"
+)
 SELECTIVE_AC = "torchtitan.distributed.activation_checkpoint.SelectiveAC.Config"
 
 
