@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Extra pip arguments for torch alone, e.g. another CUDA build's wheel index:
+#   make setup TORCH_PIP_ARGS="--index-url <PyTorch's wheel index for your CUDA version>"
+TORCH_PIP_ARGS ?=
 export HF_HUB_OFFLINE := 1
 
 .PHONY: setup assets run test test-unit bench clean
@@ -11,8 +14,9 @@ $(PY):
 
 $(VENV)/.installed: $(PY) pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
-	# The CPU wheel first, so the project's `torch>=2.13` is already met (no CUDA download).
-	$(PY) -m pip install --quiet "torch==2.13.0"
+	# torch first, so the project's `torch>=2.13` is already met: on a machine without a GPU the CPU
+	# wheel (here it lies on disk); on a Linux GPU machine PyPI's torch==2.13.0 is the CUDA build.
+	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 

@@ -19,7 +19,6 @@ Targets: tokens/s ratio >= 0.99, time-to-first-step ratio <= 1.05, dry run < 1.5
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import subprocess
 import sys
@@ -30,11 +29,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.side_by_side import bare_command, launch_command, timed_training
 from qwen3_neuron.assets.build import DATASET_NAME, build_assets
 from qwen3_neuron.devices.policy import mixed_precision_param
 
-STEP = re.compile(r"step:\s+(\d+).*?tps: ([0-9,]+)")
-SELECTIVE_AC = "torchtitan.distributed.activation_checkpoint.SelectiveAC.Config"
+# launch.py's side of the same torchtitan config function and flavour
+SELECTION = ["model.config_fn=qwen3_debugmodel", "model.flavor=debugmodel"]
 
 
 def shared_settings(steps: int) -> dict[str, object]:
@@ -52,47 +52,6 @@ def shared_settings(steps: int) -> dict[str, object]:
         "dataloader.dataset": DATASET_NAME,
         "dataloader.dataset_path": paths.text_dataset_dir,
     }
-
-
-def bare_command(settings: dict) -> list[str]:
-    flags = [f"--{key}={value}" for key, value in settings.items()]
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "--local-ranks-filter=0", "--tee=3", "--role=rank",
-        "-m", "qwen3_neuron.worker.torchtitan_cli", "--device", "cpu",
-        "--module", "qwen3", "--config", "qwen3_debugmodel", *flags,
-    ]  # fmt: skip
-
-
-def launch_command(settings: dict, run_dir: Path) -> list[str]:
-    overrides = [f"{key}={value}" for key, value in settings.items()]
-    return [
-        sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}",
-        "model.config_fn=qwen3_debugmodel", "model.flavor=debugmodel",
-        # the same torchtitan config as the bare run: its AC, no TensorBoard
-        f"+activation_checkpoint._target_={SELECTIVE_AC}", "metrics.enable_tensorboard=false",
-        "run.verbose=true",  # torchtitan's step lines on stdout, as the bare run prints them
-        *overrides,
-    ]  # fmt: skip
-
-
-def timed_training(command: list[str], cwd: Path) -> tuple[float, float]:
-    """(seconds to torchtitan's first step line, median tps per device over steps >= 2)."""
-    start = time.perf_counter()
-    first_step, tps = None, []
-    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in process.stdout:
-        match = STEP.search(line)
-        if not match:
-            continue
-        step = int(match.group(1))
-        if step == 1 and first_step is None:
-            first_step = time.perf_counter() - start
-        elif step >= 2:
-            tps.append(float(match.group(2).replace(",", "")))
-    if process.wait() != 0 or first_step is None:
-        raise SystemExit(f"run failed: {' '.join(command)}")
-    return first_step, statistics.median(tps)
 
 
 CONFIG_ERRORS = ("model=nativ", "run.verbose=maybe", "training.stpes=3")
@@ -116,12 +75,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         for repeat in range(args.repeats):
-            results["bare"].append(timed_training(bare_command(settings), scratch))
+            results["bare"].append(timed_training(bare_command(settings), scratch)[:2])
             run_dir = scratch / f"launch-{repeat}"
-            results["launch"].append(timed_training(launch_command(settings, run_dir), REPO))
+            results["launch"].append(timed_training(launch_command(settings, run_dir, SELECTION), REPO)[:2])
             print(f"repeat {repeat}: bare {results['bare'][-1]}, launch {results['launch'][-1]}", flush=True)
         dry_run = [
-            wall_seconds([*launch_command(settings, scratch / f"dry-{i}"), "run.dry_run=true"]) for i in range(3)
+            wall_seconds([*launch_command(settings, scratch / f"dry-{i}", SELECTION), "run.dry_run=true"])
+            for i in range(3)
         ]
         config_errors = {
             typo: [

@@ -245,6 +245,7 @@ def test_blockwise_module_matches_torchtitan(routing, dtype):
         assert grads[name][empty].abs().sum().item() == 0, name
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_blockwise_module_matches_torchtitan_on_cuda():
     counts_list, block_size, extra = ROUTINGS["uneven_with_empty_experts"]
