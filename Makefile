@@ -1,6 +1,11 @@
 # Set-up and the everyday commands. `make run` and `make test` do all set-up first.
 PYTHON ?= python3
-VENV ?= .venv
+# torch: 2.13.0's CPU wheel by default (fast to install, what CI runs). `make test TORCH=2.14.1`
+# (or run, setup, ...) uses that torch in its own venv, .venv-torch2.14.1; PyPI's Linux wheels
+# from 2.14 on are CUDA builds (several GB), which also run on CPU.
+DEFAULT_TORCH := 2.13.0
+TORCH ?= $(DEFAULT_TORCH)
+VENV ?= $(if $(filter $(DEFAULT_TORCH),$(TORCH)),.venv,.venv-torch$(TORCH))
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
@@ -11,9 +16,11 @@ $(PY):
 
 $(VENV)/.installed: $(PY) pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
-	# The CPU wheel first, so the project's `torch>=2.13` is already met (no CUDA download).
-	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	# torch first (the CPU wheel by default, so no CUDA download), then the project with torch held
+	# at that version: this pin is the venv's only pip constraint (it stands in for a machine-wide one).
+	echo "torch==$(TORCH)" > $(VENV)/torch-pin.txt
+	PIP_CONSTRAINT=$(VENV)/torch-pin.txt $(PY) -m pip install --quiet "torch==$(TORCH)"
+	PIP_CONSTRAINT=$(VENV)/torch-pin.txt $(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
 setup: $(VENV)/.installed assets
