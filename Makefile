@@ -17,7 +17,8 @@ $(PY):
 $(VENV)/.installed: $(PY) pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first (the CPU wheel by default, so no CUDA download), then the project with torch held
-	# at that version: this pin is the venv's only pip constraint (it stands in for a machine-wide one).
+	# at that version. PIP_CONSTRAINT replaces a pip config's constraint file for these two calls
+	# only: a machine-wide cap on torch must not pull the venv back to another version.
 	echo "torch==$(TORCH)" > $(VENV)/torch-pin.txt
 	PIP_CONSTRAINT=$(VENV)/torch-pin.txt $(PY) -m pip install --quiet "torch==$(TORCH)"
 	PIP_CONSTRAINT=$(VENV)/torch-pin.txt $(PY) -m pip install --quiet -e ".[dev]"
