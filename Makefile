@@ -1,6 +1,11 @@
 # Set-up and the everyday commands. `make run` and `make test` do all set-up first.
 PYTHON ?= python3
-VENV ?= .venv
+# torch: 2.13.0's CPU wheel by default (fast to install, what CI runs). `make test TORCH=2.14.1`
+# (or run, setup, ...) uses that torch in its own venv, .venv-torch2.14.1; PyPI's Linux wheels
+# from 2.14 on are CUDA builds (several GB), which also run on CPU.
+DEFAULT_TORCH := 2.13.0
+TORCH ?= $(DEFAULT_TORCH)
+VENV ?= $(if $(filter $(DEFAULT_TORCH),$(TORCH)),.venv,.venv-torch$(TORCH))
 PY := $(VENV)/bin/python
 # Extra pip arguments for torch alone, e.g. another CUDA build's wheel index:
 #   make setup TORCH_PIP_ARGS="--index-url <PyTorch's wheel index for your CUDA version>"
@@ -14,10 +19,12 @@ $(PY):
 
 $(VENV)/.installed: $(PY) pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch first, so the project's `torch>=2.13` is already met: on a machine without a GPU the CPU
-	# wheel (here it lies on disk); on a Linux GPU machine PyPI's torch==2.13.0 is the CUDA build.
-	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	# torch first (the CPU wheel by default, so no CUDA download; on a Linux GPU machine PyPI's
+	# torch==2.13.0 is the CUDA build), then the project with torch held at that version. PIP_CONSTRAINT replaces a pip config's constraint file for these two calls
+	# only: a machine-wide cap on torch must not pull the venv back to another version.
+	echo "torch==$(TORCH)" > $(VENV)/torch-pin.txt
+	PIP_CONSTRAINT=$(VENV)/torch-pin.txt $(PY) -m pip install --quiet $(TORCH_PIP_ARGS) "torch==$(TORCH)"
+	PIP_CONSTRAINT=$(VENV)/torch-pin.txt $(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
 setup: $(VENV)/.installed assets

@@ -33,12 +33,23 @@ def test_auto_is_cpu_without_accelerators():
     assert devices.resolve_device("cpu") == "cpu"
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="CUDA is available here")
-def test_cuda_without_cuda_says_what_to_install():
+# Both kinds of torch build, whichever is installed: PyPI's Linux wheels from 2.14 on are CUDA
+# builds, which then run without a GPU; the CPU wheel cannot use one at all.
+CUDA_WITHOUT_GPU = [
+    (None, ["is a CPU-only build", "Install a CUDA build", "pip install torch"]),
+    ("13.0", ["built for CUDA 13.0 but sees no GPU", "nvidia-smi", "CUDA_VISIBLE_DEVICES"]),
+]
+
+
+@pytest.mark.parametrize("cuda_build, expected", CUDA_WITHOUT_GPU, ids=["cpu-build", "cuda-build"])
+def test_cuda_without_a_gpu_says_what_to_install_or_check(monkeypatch, cuda_build, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", cuda_build)
     with pytest.raises(DeviceUnavailableError, match="device=cuda") as error:
         devices.resolve_device("cuda")
     assert isinstance(error.value, ValueError)
-    assert "CUDA build" in str(error.value) and "pip install torch" in str(error.value)
+    for text in expected:
+        assert text in str(error.value)
 
 
 @pytest.mark.skipif(HAS_TORCH_NEURONX, reason="torch-neuronx is installed here")

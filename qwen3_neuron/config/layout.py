@@ -13,8 +13,10 @@ a version string; skipped for a dry run that plans for a device that is not here
     (data_parallel_shard_degree=-1: the ranks the other degrees leave; ep borrows its ranks from
     dp_shard x cp x tp)
 
-Measured on CPU (`launch.py`, 2 gloo ranks, torch 2.13 + the CPU fixes in `devices`): FSDP and
-HSDP train as they are; TP, CP and EP train with `spmd_backend=partial_dtensor`; PP does not run.
+Measured on CPU (`launch.py`, 2 gloo ranks + the CPU fixes in `devices`): FSDP and HSDP train
+as they are; on torch 2.13, TP, CP and EP train with `spmd_backend=partial_dtensor` and PP does
+not run; on torch 2.14 and 2.15, TP, CP and EP train with torchtitan's default `spmd_types` and
+PP trains an untied model (`model.flavor=tiny_untied`).
 """
 
 from __future__ import annotations
@@ -293,6 +295,22 @@ def _check_batch(dims, training) -> None:
         )
 
 
+def spmd_backend_note(dims, parallelism) -> str | None:
+    """For the plan's notes: whether the `partial_dtensor` workaround applies to this layout on
+    this machine's torch (None without TP/CP/EP, where the backend does not matter)."""
+    model_parallel = [KEYS[name] for name in ("tp", "cp", "ep") if getattr(dims, name) > 1]
+    if not model_parallel:
+        return None
+    backend, used = parallelism.spmd_backend, ", ".join(model_parallel)
+    if _fsdp_takes_spmd_types():
+        if backend == "partial_dtensor":
+            return (f"parallelism.spmd_backend=partial_dtensor ({used}): not needed with this torch, whose "
+                    "FSDP takes spmd_types parameters (torchtitan's default spmd_types works too).")
+        return f"parallelism.spmd_backend={backend} ({used}): this torch's FSDP takes it; no partial_dtensor workaround."
+    return (f"parallelism.spmd_backend={backend} ({used}): the partial_dtensor workaround, needed here "
+            "(this torch's FSDP cannot take spmd_types parameters).")
+
+
 def _check_spmd_backend(dims, parallelism, shape: ModelShape) -> None:
     model_parallel = [name for name in ("tp", "cp", "ep") if getattr(dims, name) > 1]
     if parallelism.spmd_backend != "spmd_types" or not model_parallel or _fsdp_takes_spmd_types():
@@ -319,7 +337,7 @@ def _check_pipeline_schedules(dims) -> None:
         f"parallelism.pipeline_parallel_degree={dims.pp} needs torch >= 2.14 here: torchtitan "
         f"0.3.0 calls the pipeline schedule with per-microbatch inputs (step(arg_mbs=...)), which "
         f"this torch ({torch.__version__}) does not accept. Use pipeline_parallel_degree=1 (FSDP/"
-        "TP) on this machine."
+        "TP) on this machine, or another torch (`make run TORCH=2.14.1`)."
     )
 
 

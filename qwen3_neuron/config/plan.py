@@ -254,6 +254,8 @@ def _check_like_the_trainer(config, world_size, settings, model_dir, missing, no
     parallel_dims = layout.resolve_degrees(trial.parallelism, world_size)
     layout.update_model_config(trial, world_size)
     layout.check_layout(trial, parallel_dims, model_dir, here=not missing)
+    backend_note = None if missing else layout.spmd_backend_note(parallel_dims, trial.parallelism)
+    notes.extend([backend_note] if backend_note else [])
     try:
         return _check_overrides(trial), []
     except ConfigError as e:

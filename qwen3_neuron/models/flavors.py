@@ -21,7 +21,7 @@ from torchtitan.models.qwen3.model import Qwen3Model
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.models.tiny import TINY_DENSE, TINY_MOE
+from qwen3_neuron.models.tiny import TINY_DENSE, TINY_DENSE_UNTIED, TINY_MOE
 
 
 def dense_qwen3(hf: dict, attn_backend: str) -> Qwen3Model.Config:
@@ -97,6 +97,7 @@ def _qwen3_4b_instruct_2507(attn_backend: str) -> Qwen3Model.Config:
 
 PROJECT_FLAVORS = {
     "tiny": lambda attn_backend: dense_qwen3(TINY_DENSE, attn_backend),
+    "tiny_untied": lambda attn_backend: dense_qwen3(TINY_DENSE_UNTIED, attn_backend),  # for parallelism=pp
     "tiny_moe": lambda attn_backend, moe_comm_backend="standard": moe_qwen3(TINY_MOE, attn_backend),
     "4B-Instruct-2507": _qwen3_4b_instruct_2507,
 }

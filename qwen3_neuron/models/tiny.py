@@ -20,6 +20,11 @@ TINY_DENSE = dict(
     max_position_embeddings=2048,
 )
 
+# TINY_DENSE with its own output projection: pipeline parallelism cannot cut tied embeddings
+# across stages, so this is the tiny model PP trains (a tied dir's embedding copied to lm_head
+# loads into it as the same function).
+TINY_DENSE_UNTIED = {**TINY_DENSE, "tie_word_embeddings": False}
+
 TINY_MOE = dict(
     vocab_size=TINY_VOCAB_SIZE,
     hidden_size=256,
