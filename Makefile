@@ -20,8 +20,9 @@ $(PY):
 $(VENV)/.installed: $(PY) pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first (the CPU wheel by default, so no CUDA download; on a Linux GPU machine PyPI's
-	# torch==2.13.0 is the CUDA build), then the project with torch held at that version. PIP_CONSTRAINT replaces a pip config's constraint file for these two calls
-	# only: a machine-wide cap on torch must not pull the venv back to another version.
+	# torch==2.13.0 is the CUDA build), then the project with torch held at that version.
+	# PIP_CONSTRAINT replaces a pip config's constraint file for these two calls only: a
+	# machine-wide cap on torch must not pull the venv back to another version.
 	echo "torch==$(TORCH)" > $(VENV)/torch-pin.txt
 	PIP_CONSTRAINT=$(VENV)/torch-pin.txt $(PY) -m pip install --quiet $(TORCH_PIP_ARGS) "torch==$(TORCH)"
 	PIP_CONSTRAINT=$(VENV)/torch-pin.txt $(PY) -m pip install --quiet -e ".[dev]"
