@@ -121,12 +121,13 @@ def moe_experiment_run(tmp_path_factory, assets) -> Path:
 
 def processes_mentioning(text: str) -> list[str]:
     """Command lines of the live processes that mention `text` (a run dir: its torchrun and workers)."""
-    found = []
+    return [args for _, args in command_lines() if text in args]
+
+
+def command_lines():
+    """(pid, command line) of every live process (Linux /proc)."""
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            args = cmdline.read_bytes().replace(b"\0", b" ").decode()
+            yield int(cmdline.parent.name), cmdline.read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if text in args:
-            found.append(args)
-    return found

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CHECKPOINTED, REPO, launch, read_jsonl
+from conftest import CHECKPOINTED, REPO, command_lines, launch, read_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -80,9 +80,9 @@ def _wait_for(condition, process, timeout=300):
 
 def _kill_everything_mentioning(text: str) -> None:
     """kill -9 the launcher, torchrun and every worker of this run, as a machine crash would."""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if text in cmdline.read_bytes().replace(b"\0", b" ").decode():
-                os.kill(int(cmdline.parent.name), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue
+    for pid, args in command_lines():
+        if text in args:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue

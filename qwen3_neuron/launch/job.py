@@ -78,14 +78,14 @@ def run_job(cfg: DictConfig) -> float | None:
         from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
 
         plan = make_plan(composed, job.run_dir, workers and workers.launch)
-    except BaseException as e:
+        write_record(job.run_dir, plan.job, plan)
+        write_json(job.run_dir / MEMORY_ESTIMATE_FILE, plan.memory.to_json())
+    except BaseException as e:  # waiting workers never outlive a launch that cannot go on
         if workers is not None:
             workers.discard()
         if not isinstance(e, (ConfigError, OmegaConfBaseException)):
             raise
         return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
-    write_record(job.run_dir, plan.job, plan)
-    write_json(job.run_dir / MEMORY_ESTIMATE_FILE, plan.memory.to_json())
     if plan.settings.run.dry_run:
         _print_plan(plan, job.run_dir)
         return job.finish(0)
