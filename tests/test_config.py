@@ -32,6 +32,17 @@ def test_default_config_plans_tiny_native_on_two_cpu_ranks(tmp_path, assets):
     assert config.optimizer.param_groups[0].optimizer_kwargs["weight_decay"] == 0.1
 
 
+def test_the_tokenizer_is_the_loaded_hf_dirs_own_unless_hf_assets_path_is_given(tmp_path, assets):
+    """checkpointing=from_hf into model=native trains with the tokenizer its weights came with."""
+    load = f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"
+    assert compose_config("checkpointing=from_hf", load)["hf_assets_path"] == str(assets.tiny_qwen3_dir)
+    assert compose_config("checkpointing=from_hf", load, "hf_assets_path=/mine")["hf_assets_path"] == "/mine"
+    # not loaded as HF weights (a torchtitan checkpoint), or a dir without tokenizer: the tiny one
+    assert compose_config("checkpointing=periodic", load)["hf_assets_path"] == str(assets.tokenizer_dir)
+    no_tokenizer = f"checkpoint.initial_load_path={tmp_path}"
+    assert compose_config("checkpointing=from_hf", no_tokenizer)["hf_assets_path"] == str(assets.tokenizer_dir)
+
+
 def test_hydra_opens_exactly_torchtitans_trainer_sections():
     sections = [
         f.name for f in dataclasses.fields(Trainer.Config)

@@ -4,6 +4,9 @@
   `training.steps=20` works without a `+` and every key reaches `fields.apply_fields`, which
   checks it against torchtitan's dataclasses and names the closest valid keys on a typo.
 - the `${assets:...}` resolver: paths of the project's tiny generated assets.
+- the `${tokenizer_dir:...}` resolver: `hf_assets_path`'s default, the HF dir that
+  checkpointing=from_hf loads when it has a tokenizer (its weights were trained with it), else
+  the tiny tokenizer.
 - the `${resume_or:...}` resolver: the run dir is `run.resume` when resuming, else a new one.
 """
 
@@ -45,6 +48,7 @@ def register_resolvers() -> None:
     """The resolvers alone: what a process that resolves an already composed config needs."""
     OmegaConf.register_new_resolver("assets", _asset, replace=True)
     OmegaConf.register_new_resolver("resume_or", _resume_or, replace=True)
+    OmegaConf.register_new_resolver("tokenizer_dir", _tokenizer_dir, replace=True)
 
 
 def _open_sections():
@@ -59,6 +63,18 @@ def _asset(name: str) -> str:
     if name == "dataset_name":
         return assets.DATASET_NAME
     return str(getattr(assets.asset_paths(), name))  # a dir, or a file (text_train_file, chat_train_file, ...)
+
+
+# What torchtitan's HuggingFaceTokenizer opens: tokenizer.json, or a BPE's vocab.json + merges.txt.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
+
+
+def _tokenizer_dir(initial_load_path: str | None, initial_load_in_hf: bool | None) -> str:
+    if initial_load_in_hf and initial_load_path:
+        load_dir = Path(initial_load_path).expanduser()
+        if any((load_dir / name).is_file() for name in TOKENIZER_FILES):
+            return str(load_dir)
+    return _asset("tokenizer_dir")
 
 
 def _resume_or(resume: str | None, new_dir: str) -> str:
