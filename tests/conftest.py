@@ -34,6 +34,30 @@ def pytest_unconfigure(config):
     shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
+# ---- how `make test` spreads the files over its two processes (pytest-xdist, --dist loadgroup) ---
+
+# A file's tests stay in one process (its module fixtures train once). Files that assert on the
+# same session run share a group: in two processes, each would train it again.
+SHARED_RUNS = {
+    "test_memory.py": "default_run", "test_training.py": "default_run", "test_resume.py": "default_run",
+    "test_experiments.py": "moe_experiment_run", "test_moe_training.py": "moe_experiment_run",
+}  # fmt: skip
+# xdist hands groups out in collection order: the longest first, so that no long one starts last.
+LONGEST_FIRST = ("test_hf_integration.py", "default_run", "test_data_training.py", "test_parallelism.py",
+                 "test_sweeps.py", "test_lora.py", "moe_experiment_run", "test_slurm.py", "test_build.py")  # fmt: skip
+
+
+def _group(item) -> str:
+    return SHARED_RUNS.get(item.path.name, item.path.name)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def assets():
     """Built once per session into the session's asset dir (deterministic: the same every time)."""
@@ -74,12 +98,13 @@ SWEEP_JOB = ("training.steps=3", "training.seq_len=64", "training.local_batch_si
              "metrics.enable_tensorboard=false")  # fmt: skip
 # Saves step-4 and step-8 of 10: a run to kill and resume, and its uninterrupted reference.
 CHECKPOINTED = (*TINY, "checkpointing=periodic", "checkpoint.interval=4", "training.steps=10")
-# finetune=lora on the tiny HF dir's weights (loaded into model=native), 10 steps: adapter-only
-# checkpoints at steps 4 and 8 (a run to kill and resume, and its reference), the PEFT adapter and
-# the merged export at step 10. lr 1e-2: adapters (B starts at zero) move clearly. The tiny dir is
-# untrained: no first-loss check.
-LORA_TRAINING = (*TINY, "finetune=lora", "checkpoint.interval=4", "training.steps=10", "optimizer.lr=1e-2",
-                 "hf.first_loss_check=off")  # fmt: skip
+# finetune=lora on the tiny HF dir's weights (loaded into model=native) and the tiny conversations
+# (data=chat, validated at steps 1 and 10), 10 steps: adapter-only checkpoints at steps 4 and 8 (a
+# run to kill and resume, and its reference: the resume of LoRA and of the chat data position),
+# the PEFT adapter and the merged export at step 10. lr 1e-2: adapters (B starts at zero) move
+# clearly. The tiny dir is untrained: no first-loss check.
+LORA_TRAINING = (*TINY, "finetune=lora", "data=chat", "validator.steps=2", "checkpoint.interval=4",
+                 "training.steps=10", "optimizer.lr=1e-2", "hf.first_loss_check=off")  # fmt: skip
 LORA = (*LORA_TRAINING, "checkpointing=[from_hf,periodic,export_hf]")
 
 

@@ -96,7 +96,7 @@ def test_only_the_adapters_train_and_the_summary_counts_them(lora_run, assets):
     assert summary["total_parameters"] == base + summary["trainable_parameters"]
     # AdamW holds the 4 layers x 5 projections x (A, B) and nothing of the base
     assert "Optimizer AdamW (model_part=0): 40 params" in (lora_run / "train.log").read_text()
-    losses = [r["loss"] for r in read_jsonl(lora_run / "metrics.jsonl")]
+    losses = [r["loss"] for r in read_jsonl(lora_run / "metrics.jsonl") if "loss" in r]
     assert losses[-1] < losses[0]
 
 
@@ -197,7 +197,8 @@ def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(lora_
 @pytest.mark.integration
 def test_resume_after_kill_9_reloads_the_base_and_continues_bit_identically(lora_run, assets, tmp_path):
     """kill -9 after the step-4 adapter checkpoint; run.resume loads the base from HF again, the
-    adapters and optimizer from the checkpoint, and ends on the uninterrupted run's losses and
+    adapters, optimizer and chat data position (row index, packer buffer, samples packed but not
+    handed out) from the checkpoint, and ends on the uninterrupted run's losses, validation and
     adapters, with the base still bit-identical (the final model-only save holds it)."""
     run_dir = tmp_path / "killed"
     overrides = [
@@ -219,9 +220,11 @@ def test_resume_after_kill_9_reloads_the_base_and_continues_bit_identically(lora
     log = (run_dir / "train.log").read_text()
     assert f"finetune=lora: resuming; loading the base weights from {assets.tiny_qwen3_dir} first" in log
     assert re.search(r"Loading the checkpoint from \S*step-(4|8)", log)
-    resumed = {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl")}
-    reference = {r["step"]: r["loss"] for r in read_jsonl(lora_run / "metrics.jsonl")}
+    resumed = {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r}
+    reference = {r["step"]: r["loss"] for r in read_jsonl(lora_run / "metrics.jsonl") if "loss" in r}
     assert [resumed[s] for s in range(5, 11)] == [reference[s] for s in range(5, 11)]
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (run_dir, lora_run)]
+    assert summaries[0]["val_loss"] == summaries[1]["val_loss"] and summaries[0]["val_step"] == 10
 
     final = _checkpoint(run_dir / "checkpoint" / "step-10", tmp_path)  # model-only: base + adapters
     config = build_trainer_config(read_job(run_dir), run_dir, "cpu")
@@ -274,27 +277,34 @@ def test_lora_memory_estimate_keeps_the_frozen_base_and_drops_its_gradients(asse
 def test_trn2_qwen3_4b_lora_names_the_published_weights_and_plans_64_lora_ranks(assets, tmp_path):
     from qwen3_neuron.errors import ConfigError
 
-    composed = compose_config("experiment=trn2_qwen3_4b_lora", "run.dry_run=true")
+    files = f"data.files={assets.chat_train_file}"
+    composed = compose_config("experiment=trn2_qwen3_4b_lora", "run.dry_run=true", files)
     assert composed["finetune"] == {**composed["finetune"], "method": "lora", "rank": 16, "alpha": 32.0}
     with pytest.raises(ConfigError, match="initial_load_path=/fsx/models/Qwen3-4B-Instruct-2507"):
         make_plan(composed, tmp_path / "4b")  # the published weights are not on this machine
     # the same recipe on the tiny HF dir (its architecture, a RoPE table it covers)
     plan = make_plan(
-        compose_config("experiment=trn2_qwen3_4b_lora", "run.dry_run=true", "model.flavor=tiny",
+        compose_config("experiment=trn2_qwen3_4b_lora", "run.dry_run=true", files, "model.flavor=tiny",
                        "training.seq_len=1024", f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"),
         tmp_path / "tiny",
     )  # fmt: skip
     assert (plan.device, plan.world_size) == ("neuron", 64)
     assert plan.parameters["trainable_parameters"] == 2 * _adapter_parameters(TINY_DENSE)  # rank 16
-    checkpoint = plan.trainer_config.checkpoint
+    config = plan.trainer_config
+    checkpoint = config.checkpoint
     assert checkpoint.initial_load_in_hf and checkpoint.last_save_in_hf and checkpoint.export_dtype == "bfloat16"
+    [source] = config.dataloader.sources  # the user's conversations, with the weights' own tokenizer
+    assert (source.format, source.files, source.val_fraction) == ("chat", str(assets.chat_train_file), 0.02)
+    assert config.hf_assets_path == str(assets.tiny_qwen3_dir) and config.validator.enable
 
 
 def test_cpu_qwen3_tiny_lora_plans_the_lora_stand_in(assets, tmp_path):
     plan = make_plan(compose_config("experiment=cpu_qwen3_tiny_lora"), tmp_path / "run")
     assert (plan.device, plan.world_size, plan.trainer_config.training.steps) == ("cpu", 2, 5)
     assert plan.parameters["trainable_parameters"] == _adapter_parameters(TINY_DENSE)
-    assert plan.trainer_config.checkpoint.initial_load_path == str(assets.tiny_qwen3_dir)
+    config = plan.trainer_config
+    assert config.checkpoint.initial_load_path == config.hf_assets_path == str(assets.tiny_qwen3_dir)
+    assert config.dataloader.sources[0].format == "chat" and config.validator.enable
 
 
 def test_a_moe_lora_export_is_refused_merged_and_planned_as_adapters_alone(assets, tmp_path):
