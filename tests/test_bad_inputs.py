@@ -155,13 +155,14 @@ def test_bad_input_fails_at_plan_time_naming_the_key(tmp_path, assets, bad_data,
 
 # Caught by Hydra itself while composing, or by the launcher: checked through launch.py. The last
 # column: whether finding the error needs torchtitan (whose import takes seconds) -- typos in
-# Hydra's groups and in the framework's own sections are reported before it is imported, and
-# before torchrun starts; the others stop the torchrun started meanwhile, and what it wrote.
+# Hydra's groups and in the framework's own sections, and a model=hf dir that is not there, are
+# reported before it is imported, and before torchrun starts; the others stop the torchrun started meanwhile, and what it wrote.
 LAUNCH_TIME = [
     (["model=nativ"], ["model/nativ", "native"], False),
     (["device=tpu"], ["device/tpu", "cpu"], False),
     (["trainig.steps=3"], ["trainig"], False),
     (["run.verbose=maybe"], ["run.verbose", "expected bool"], False),
+    (["model=hf", "model.hf_model=/nonexistent/Qwen3"], ["model.hf_model=/nonexistent/Qwen3: no such directory"], False),
     (["training.stpes=3"], ["training.stpes", "'steps'"], True),
     (["model=moe", "kernels=nki"], ["kernels=nki needs device neuron"], True),
 ]

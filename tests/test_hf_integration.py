@@ -134,27 +134,26 @@ def test_untrained_initial_weights_fail_the_first_loss_check(twin_run):
     assert summary["first_loss"] > summary["random_init_loss_reference"] - 1.0
 
 
-def test_hf_export_round_trips_into_hf_and_native(hf_run, tmp_path):
+def test_hf_export_round_trips_into_native(hf_run, tmp_path):
+    """The other backend's from_hf load of an export starts at the trained loss. (Each backend's
+    load of an HF dir is every from_hf run's; both backends computing the same logits from one
+    dir is tests/test_hf.py's.)"""
     run_dir, trained = hf_run
-    as_hf = first_loss_loading(tmp_path / "hf", "hf", run_dir / "hf_export")
     as_native = first_loss_loading(tmp_path / "native", "native", run_dir / "hf_export")
-    assert as_hf["first_loss_check"] == as_native["first_loss_check"] == "ok"
+    assert as_native["first_loss_check"] == "ok"
     # trained weights: far below the untrained start of the same architecture, near the last loss
-    assert as_hf["first_loss"] < trained["first_loss"] - 1.0
-    assert abs(as_hf["first_loss"] - trained["final_loss"]) < 1.0
-    assert as_native["first_loss"] == pytest.approx(as_hf["first_loss"], abs=0.05)  # same weights
+    assert as_native["first_loss"] < trained["first_loss"] - 1.0
+    assert abs(as_native["first_loss"] - trained["final_loss"]) < 1.0
 
 
-def test_native_export_round_trips_into_native_and_hf(native_run, tmp_path):
+def test_native_export_round_trips_into_hf(native_run, tmp_path):
     run_dir, trained = native_run
     assert trained["export_dir"] == str(run_dir / "hf_export")
     assert trained["first_loss_check"] == "no_initial_weights"
-    as_native = first_loss_loading(tmp_path / "native", "native", run_dir / "hf_export")
     as_hf = first_loss_loading(tmp_path / "hf", "hf", run_dir / "hf_export")
-    assert as_native["first_loss_check"] == as_hf["first_loss_check"] == "ok"
-    assert as_native["first_loss"] < trained["first_loss"] - 1.0  # trained["first_loss"]: random init
-    assert abs(as_native["first_loss"] - trained["final_loss"]) < 1.0
-    assert as_hf["first_loss"] == pytest.approx(as_native["first_loss"], abs=0.05)
+    assert as_hf["first_loss_check"] == "ok"
+    assert as_hf["first_loss"] < trained["first_loss"] - 1.0  # trained["first_loss"]: random init
+    assert abs(as_hf["first_loss"] - trained["final_loss"]) < 1.0
 
 
 @pytest.mark.parametrize(

@@ -87,9 +87,12 @@ class Plan:
         return self.launch.command_line()
 
 
-def make_plan(composed: Mapping[str, Any], run_dir: Path, launch: WorkerLaunch | None = None) -> Plan:
+def make_plan(
+    composed: Mapping[str, Any], run_dir: Path, launch: WorkerLaunch | None = None, model_dir: HFModelDir | None = None
+) -> Plan:
     """Validate everything and work out what to run; raises ConfigError on bad input. `launch`:
-    the torchrun command already started for this run (`worker_launch` of the same settings)."""
+    the torchrun command already started for this run (`worker_launch` of the same settings);
+    `model_dir`: model=hf's dir, found before it (`find_model_dir`)."""
     settings = parse_settings(composed)
     launch = launch or worker_launch(settings, run_dir)
     device, nproc = launch.device, launch.nproc_per_node
@@ -97,7 +100,7 @@ def make_plan(composed: Mapping[str, Any], run_dir: Path, launch: WorkerLaunch |
     missing = devices.unavailable_reason(device) if settings.run.dry_run else None
     notes = [f"device={device} is not here ({missing}) - dry run: planned for it, not checked"] if missing else []
     model = settings.model
-    model_dir = open_model_dir(model.hf_model, model.trust_remote_code) if model.kind == "hf" else None
+    model_dir = open_model_dir(model.hf_model, model.trust_remote_code, model_dir) if model.kind == "hf" else None
     config = build_trainer_config(composed, run_dir, device, model_dir)
     world_size = nproc * settings.run.nnodes
     _check_kernels_device(settings, device)

@@ -1,9 +1,9 @@
 """One job, as Hydra hands it to launch.py: plan -> record -> torchrun -> export -> report.
 
-torchrun starts as soon as the framework's own settings parse, and its workers import torchtitan
-while the plan checks the rest; they build only once the plan is recorded (`run_dir.Handoff`). A
-plan that fails stops them and removes what they wrote, so a config error leaves what it always
-did. Dry runs, `run.show_data` and resumed runs plan first and start nothing early.
+torchrun starts as soon as the framework's own settings parse and model=hf's dir is found, and its
+workers import torchtitan while the plan checks the rest; they build only once the plan is
+recorded (`run_dir.Handoff`). A plan that fails stops them and removes what they wrote, so a
+config error leaves what it always did. Dry runs, `run.show_data` and resumed runs plan first and start nothing early.
 
 A single run and each job of a sweep go through `run_job`. It never exits the process: Hydra's
 job-end callbacks and log flushing run after it, and `exit_code()` decides the launch's exit
@@ -36,6 +36,7 @@ from qwen3_neuron.launch import slurm
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.launch.record import write_record
+from qwen3_neuron.models.hf.model_dir import find_model_dir
 from qwen3_neuron.report.hydra_callbacks import sweep_exit_code
 from qwen3_neuron.report.loss_check import check_run
 from qwen3_neuron.report.peak_flops import peak_for_plan, write_run_dir_peak
@@ -74,10 +75,11 @@ def run_job(cfg: DictConfig) -> float | None:
             composed = resumed_config(job.run_dir, composed, list(hydra_config.overrides.task))
         composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
         settings = parse_settings(composed)  # the framework's own sections: typos need no torchtitan
+        model_dir = find_model_dir(settings.model.hf_model) if settings.model.kind == "hf" else None
         workers = _start_early(settings, job.run_dir)
         from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
 
-        plan = make_plan(composed, job.run_dir, workers and workers.launch)
+        plan = make_plan(composed, job.run_dir, workers and workers.launch, model_dir)
         write_record(job.run_dir, plan.job, plan)
         write_json(job.run_dir / MEMORY_ESTIMATE_FILE, plan.memory.to_json())
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on

@@ -80,10 +80,16 @@ def read_model_dir(path: Path, key: str = "model.hf_model") -> HFModelDir:
 # ---- plan-time checks ------------------------------------------------------------------------
 
 
-def open_model_dir(hf_model: str | None, trust_remote_code: bool) -> HFModelDir:
-    """model.hf_model, found, read and checked: Transformers can read it and torchtitan's
-    backend can build it. The plan records `HFModelDir.path` for the workers."""
-    model_dir = read_model_dir(resolve_model_dir(hf_model))
+def find_model_dir(hf_model: str | None) -> HFModelDir:
+    """model.hf_model found (a local dir or a cached Hub id) and its config.json read: no
+    Transformers or torchtitan import, so a wrong dir stops a launch before torchrun starts."""
+    return read_model_dir(resolve_model_dir(hf_model))
+
+
+def open_model_dir(hf_model: str | None, trust_remote_code: bool, found: HFModelDir | None = None) -> HFModelDir:
+    """model.hf_model (`found` already, or found now), read and checked: Transformers can read it
+    and torchtitan's backend can build it. The plan records `HFModelDir.path` for the workers."""
+    model_dir = found or find_model_dir(hf_model)
     check_backend_builds(load_auto_config(model_dir, trust_remote_code), model_dir)
     return model_dir
 
