@@ -278,9 +278,9 @@ def test_moe_plan_puts_adapters_on_attention_and_says_experts_are_not_covered(ba
     assert plan.parameters["trainable_parameters"] == _adapter_parameters(TINY_MOE, mlp=False, fused_qkv=fused)
 
 
-def test_hf_plan_takes_any_subset_of_q_k_v(assets, tmp_path):
+def test_hf_plan_takes_any_subset_of_q_k_v_and_the_model_starts_as_the_base(assets, tmp_path):
     """model=hf has one Linear per projection: q and v alone get adapters (native's fused wqkv
-    refuses that), as PEFT would put them."""
+    refuses that), as PEFT would put them; B starts at zero, A at torchtitan's Kaiming-uniform."""
     overrides = ["finetune=lora", "checkpointing=from_hf", "finetune.target_modules=[q_proj,v_proj]"]
     plan = make_plan(compose_config("model=hf", f"model.hf_model={assets.tiny_qwen3_dir}", *overrides), tmp_path / "hf")
     d, q, kv = TINY_DENSE["hidden_size"], 4 * TINY_DENSE["head_dim"], 2 * TINY_DENSE["head_dim"]
@@ -290,6 +290,14 @@ def test_hf_plan_takes_any_subset_of_q_k_v(assets, tmp_path):
     adapted = sorted(name for name, module in model.named_modules() if hasattr(module, "lora_a"))
     assert adapted[:2] == ["model.model.layers.0.self_attn.q_proj", "model.model.layers.0.self_attn.v_proj"]
     assert all(not p.requires_grad for name, p in model.named_parameters() if ".lora_" not in name)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.fill_(float("nan") if ".lora_" in name else 0.0)
+        model.init_weights(buffer_device=None)  # as the trainer: Transformers' init, then the adapters'
+    q_proj = dict(model.named_modules())["model.model.layers.0.self_attn.q_proj"]
+    assert torch.equal(q_proj.lora_b.weight, torch.zeros_like(q_proj.lora_b.weight))  # the base's function
+    assert 0 < q_proj.lora_a.weight.abs().max() <= d**-0.5  # Kaiming-uniform(a=sqrt 5): bound 1/sqrt(in)
     with pytest.raises(ConfigError, match="computes q_proj, k_proj, v_proj with one projection"):
         make_plan(compose_config(f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}", *overrides), tmp_path / "native")
 

@@ -180,7 +180,7 @@ def _check_lora(config: Trainer.Config, settings: Settings, world_size: int) -> 
             "for the export from every rank's model part. Use parallelism=fsdp (or tp)."
         )
     _check_lora_base(config, settings.model.kind)
-    built = meta_model(config) if settings.model.kind == "hf" else None  # HF's nn.Linear layers: built, not configured
+    built = meta_model(config) if settings.model.kind == "hf" else None  # HF's Linear layers: built, not configured
     note = uncovered_note(settings.finetune, config.model_spec.model, built)
     if not note:
         return []

@@ -122,7 +122,7 @@ def hf_absent_targets(finetune, model) -> list[str]:
     none got one (a model whose Transformers layers are named otherwise)."""
     adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if _has_adapters(module)}
     if not adapted:
-        import torch.nn as nn
+        from torch import nn
 
         linears = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
         raise ConfigError(
@@ -162,7 +162,7 @@ def add_hf_adapters(model, lora: LoRAConverter.Config) -> None:
     """Freeze `model` (an HFTransformerModel as built, before parallelisation) and put a LoRALinear
     in place of each nn.Linear named in `lora.target_modules`, keeping its weight (and bias)
     parameter; the MoE blocks the backend swaps in later (`_native_moe_config`) are built frozen."""
-    import torch.nn as nn
+    from torch import nn
     from torchtitan.models.common.decoder_sharding import colwise_config, rowwise_config
     from torchtitan.tools.logging import logger
 
