@@ -98,11 +98,11 @@ SWEEP_JOB = ("training.steps=3", "training.seq_len=64", "training.local_batch_si
              "metrics.enable_tensorboard=false")  # fmt: skip
 # Saves step-4 and step-8 of 10: a run to kill and resume, and its uninterrupted reference.
 CHECKPOINTED = (*TINY, "checkpointing=periodic", "checkpoint.interval=4", "training.steps=10")
-# finetune=lora on the tiny HF dir's weights (loaded into model=native) and the tiny conversations
-# (data=chat, validated at steps 1 and 10), 10 steps: adapter-only checkpoints at steps 4 and 8 (a
-# run to kill and resume, and its reference: the resume of LoRA and of the chat data position),
-# the PEFT adapter and the merged export at step 10. lr 1e-2: adapters (B starts at zero) move
-# clearly. The tiny dir is untrained: no first-loss check.
+# finetune=lora on the tiny HF dir's weights (loaded into model=native, or model=hf's own) and the
+# tiny conversations (data=chat, validated at steps 1 and 10), 10 steps: adapter-only checkpoints
+# at steps 4 and 8 (a run to kill and resume, and its reference: the resume of LoRA and of the chat
+# data position), the PEFT adapter and the merged export at step 10. lr 1e-2: adapters (B starts
+# at zero) move clearly. The tiny dir is untrained: no first-loss check.
 LORA_TRAINING = (*TINY, "finetune=lora", "data=chat", "validator.steps=2", "checkpoint.interval=4",
                  "training.steps=10", "optimizer.lr=1e-2", "hf.first_loss_check=off")  # fmt: skip
 LORA = (*LORA_TRAINING, "checkpointing=[from_hf,periodic,export_hf]")
@@ -136,6 +136,13 @@ def lora_run(tmp_path_factory, assets) -> Path:
     """LORA (above) on 2 CPU ranks: the run tests/test_lora.py asserts on."""
     base = f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"
     return trained(tmp_path_factory.mktemp("lora") / "run", *LORA, base)
+
+
+@pytest.fixture(scope="session")
+def hf_lora_run(tmp_path_factory, assets) -> Path:
+    """LORA (above) on model=hf, the Transformers backend, from the same tiny HF dir: 2 CPU ranks."""
+    hf = ("model=hf", f"model.hf_model={assets.tiny_qwen3_dir}")
+    return trained(tmp_path_factory.mktemp("hf-lora") / "run", *LORA, *hf)
 
 
 @pytest.fixture(scope="session")

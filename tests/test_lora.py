@@ -1,6 +1,7 @@
 """finetune=lora: the base stays bit-identical, only adapters train, and what is exported is the
 trained model - for PEFT (base + hf_adapter), for Transformers (the merged hf_export) and for
-`python -m qwen3_neuron.hf_io.verify`. One 2-rank run (conftest's `lora_run`) is asserted on."""
+`python -m qwen3_neuron.hf_io.verify`. One 2-rank run per backend is asserted on: conftest's
+`lora_run` (model=native: fused q/k/v) and `hf_lora_run` (model=hf: Transformers' own layers)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from conftest import LORA_TRAINING, REPO, compose_config, launch, read_jsonl
 from test_resume import _kill_everything_mentioning, _logged, _wait_for
 
 from qwen3_neuron.config.build import build_trainer_config
+from qwen3_neuron.config.memory import meta_model
 from qwen3_neuron.config.plan import make_plan
 from qwen3_neuron.config.settings import parse_settings
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.peft_format import to_peft
+from qwen3_neuron.hf_io import verify
 from qwen3_neuron.hf_io.adapter_export import write_adapter
 from qwen3_neuron.hf_io.verify import fixed_batch
 from qwen3_neuron.models.tiny import TINY_DENSE, TINY_MOE
@@ -27,16 +30,29 @@ from qwen3_neuron.run_dir import read_job
 
 RANK, ALPHA = 8, 16.0
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+# backend -> (its run, whether q/k/v is one fused projection with one A)
+BACKENDS = {"native": ("lora_run", True), "hf": ("hf_lora_run", False)}
+backends = pytest.mark.parametrize("backend", BACKENDS)
 
 
-def _adapter_parameters(hf: dict, mlp: bool = True) -> int:
+def _run(request, backend: str) -> Path:
+    return request.getfixturevalue(BACKENDS[backend][0])
+
+
+def _adapter_parameters(hf: dict, mlp: bool = True, fused_qkv: bool = True) -> int:
     """r x (in + out) for every adapted projection of the tiny model, from its HF numbers."""
     d, hd, ff = hf["hidden_size"], hf["head_dim"], hf["intermediate_size"]
     q, kv = hf["num_attention_heads"] * hd, hf["num_key_value_heads"] * hd
-    per_layer = (d + q + 2 * kv) + (q + d)  # fused wqkv: one A (r x d), B ((q + 2 kv) x r); wo
+    # fused wqkv: one A (r x d), B ((q + 2 kv) x r); else one A per projection. And wo / o_proj.
+    per_layer = (d + q + 2 * kv if fused_qkv else (d + q) + 2 * (d + kv)) + (q + d)
     if mlp:
         per_layer += 3 * (d + ff)  # w1, w3 (d -> ff), w2 (ff -> d)
     return RANK * per_layer * hf["num_hidden_layers"]
+
+
+def _adapted_modules(fused_qkv: bool) -> int:
+    """Modules with an (A, B) pair in the tiny dense model: wqkv, wo, w1, w2, w3 or HF's seven."""
+    return (5 if fused_qkv else 7) * TINY_DENSE["num_hidden_layers"]
 
 
 def _safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -61,10 +77,10 @@ def _initial_base(config, assets) -> dict[str, torch.Tensor]:
 
 
 def _titan_model(run_dir: Path, state: dict[str, torch.Tensor]):
-    """The torchtitan model (LoRA included) as the run recorded it, on the CPU, holding `state`."""
+    """The model the run trained (LoRA included; model=hf: Transformers' Qwen3 with torchtitan's
+    LoRALinear layers), built as the plan builds it, on the CPU, holding `state`."""
     config = build_trainer_config(read_job(run_dir), run_dir, "cpu")
-    with torch.device("meta"):
-        model = config.model_spec.model.build()
+    model = meta_model(config)
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights(buffer_device=None)  # the RoPE tables: buffers no checkpoint holds
@@ -84,40 +100,52 @@ def _hf(path, **kwargs):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs).eval()
 
 
-# ---- integration: one LoRA run ------------------------------------------------------------------
+# ---- integration: one LoRA run per backend ------------------------------------------------------
 
 
 @pytest.mark.integration
-def test_only_the_adapters_train_and_the_summary_counts_them(lora_run, assets):
-    summary = json.loads((lora_run / "summary.json").read_text())
+@backends
+def test_only_the_adapters_train_and_the_summary_counts_them(backend, request, assets):
+    run_dir, fused = _run(request, backend), BACKENDS[backend][1]
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 10
     base = sum(t.numel() for t in _safetensors(assets.tiny_qwen3_dir / "model.safetensors").values())
-    assert summary["trainable_parameters"] == _adapter_parameters(TINY_DENSE) == 139_264
+    expected = {"native": 139_264, "hf": 155_648}[backend]  # hf: one A each for q, k, v
+    assert summary["trainable_parameters"] == _adapter_parameters(TINY_DENSE, fused_qkv=fused) == expected
     assert summary["total_parameters"] == base + summary["trainable_parameters"]
-    # AdamW holds the 4 layers x 5 projections x (A, B) and nothing of the base
-    assert "Optimizer AdamW (model_part=0): 40 params" in (lora_run / "train.log").read_text()
-    losses = [r["loss"] for r in read_jsonl(lora_run / "metrics.jsonl") if "loss" in r]
+    # AdamW holds an (A, B) pair per adapted module and nothing of the base
+    pairs = 2 * _adapted_modules(fused)
+    assert f"Optimizer AdamW (model_part=0): {pairs} params" in (run_dir / "train.log").read_text()
+    losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r]
     assert losses[-1] < losses[0]
 
 
 @pytest.mark.integration
-def test_checkpoints_hold_the_adapters_only(lora_run, assets, tmp_path):
+@backends
+def test_checkpoints_hold_the_adapters_only(backend, request, assets, tmp_path):
+    run_dir, fused = _run(request, backend), BACKENDS[backend][1]
     base_bytes = (assets.tiny_qwen3_dir / "model.safetensors").stat().st_size
     for step in (4, 8):
-        step_dir = lora_run / "checkpoint" / f"step-{step}"
+        step_dir = run_dir / "checkpoint" / f"step-{step}"
         saved = _checkpoint(step_dir, tmp_path)
-        assert len(saved) == 40 and all(".lora_a." in k or ".lora_b." in k for k in saved), sorted(saved)[:5]
+        assert len(saved) == 2 * _adapted_modules(fused), sorted(saved)[:5]
+        assert all(".lora_a." in k or ".lora_b." in k for k in saved), sorted(saved)[:5]
         assert all(saved[k].abs().max() > 0 for k in saved if ".lora_b." in k)  # B starts at zero: trained
-        # adapters + their two AdamW states: a fraction of the base alone
-        assert sum(p.stat().st_size for p in step_dir.rglob("*") if p.is_file()) < base_bytes / 4
+        # adapters + their two AdamW states (+ DCP's few KB per tensor): a fraction of the base alone
+        assert sum(p.stat().st_size for p in step_dir.rglob("*") if p.is_file()) < base_bytes / 3
+    if backend == "hf":  # Transformers' module names, one adapter per projection
+        assert "model.model.layers.0.self_attn.k_proj.lora_a.weight" in saved
 
 
 @pytest.mark.integration
-def test_the_export_is_the_unchanged_base_plus_the_adapter(lora_run, assets):
-    """Weights without an adapter are the base's, bit for bit; adapted ones are base + alpha/r B A."""
+@backends
+def test_the_export_is_the_unchanged_base_plus_the_adapter(backend, request, assets):
+    """Weights without an adapter are the base's and adapted ones base + alpha/r B A, bit for bit:
+    not one bit of the frozen base moved."""
+    run_dir = _run(request, backend)
     base_hf = _safetensors(assets.tiny_qwen3_dir / "model.safetensors")
-    merged = _safetensors(lora_run / "hf_export" / "model.safetensors")
-    adapter = _safetensors(lora_run / "hf_adapter" / "adapter_model.safetensors")
+    merged = _safetensors(run_dir / "hf_export" / "model.safetensors")
+    adapter = _safetensors(run_dir / "hf_adapter" / "adapter_model.safetensors")
     assert set(merged) == set(base_hf)
     adapted = 0
     for key, weight in merged.items():
@@ -125,26 +153,28 @@ def test_the_export_is_the_unchanged_base_plus_the_adapter(lora_run, assets):
         if f"{module}.lora_A.weight" not in adapter:
             assert torch.equal(weight, base_hf[key]), key
             continue
-        delta = ALPHA / RANK * adapter[f"{module}.lora_B.weight"] @ adapter[f"{module}.lora_A.weight"]
+        delta = ALPHA / RANK * (adapter[f"{module}.lora_B.weight"] @ adapter[f"{module}.lora_A.weight"])
         assert delta.abs().max() > 0, key
-        torch.testing.assert_close(weight, base_hf[key] + delta, rtol=0, atol=1e-6)
+        assert torch.equal(weight, base_hf[key] + delta), key
         adapted += 1
     assert adapted == 7 * TINY_DENSE["num_hidden_layers"]
 
 
 @pytest.mark.integration
-def test_peft_on_the_base_gives_the_trained_models_logits(lora_run, assets, tmp_path):
-    """The trained torchtitan model (the base + the step-8 adapters) against PEFT with those
-    adapters, converted and written by the export's own code, on the tiny HF dir."""
+@backends
+def test_peft_on_the_base_gives_the_trained_models_logits(backend, request, assets, tmp_path):
+    """The trained model (the base + the step-8 adapters, in the model the run built) against PEFT
+    with those adapters, converted and written by the export's own code, on the tiny HF dir."""
     from peft import PeftModel
 
-    adapters = _checkpoint(lora_run / "checkpoint" / "step-8", tmp_path)
-    config = build_trainer_config(read_job(lora_run), lora_run, "cpu")
+    run_dir = _run(request, backend)
+    adapters = _checkpoint(run_dir / "checkpoint" / "step-8", tmp_path)
+    config = build_trainer_config(read_job(run_dir), run_dir, "cpu")
     base = _initial_base(config, assets)
-    model, config = _titan_model(lora_run, {**base, **adapters})
+    model, config = _titan_model(run_dir, {**base, **adapters})
     adapter_dir = tmp_path / "adapter"
     adapter_dir.mkdir()
-    finetune = parse_settings(read_job(lora_run)).finetune
+    finetune = parse_settings(read_job(run_dir)).finetune
     write_adapter(to_peft(adapters, config.model_spec, None), finetune, str(assets.tiny_qwen3_dir), adapter_dir)
     peft_model = PeftModel.from_pretrained(_hf(assets.tiny_qwen3_dir), adapter_dir).eval()
     ids = fixed_batch(TINY_DENSE["vocab_size"])
@@ -152,15 +182,17 @@ def test_peft_on_the_base_gives_the_trained_models_logits(lora_run, assets, tmp_
         peft_logits = peft_model(ids).logits
     titan_logits = _titan_logits(model, ids)
     without_adapters = {**base, **{k: (torch.zeros_like(v) if ".lora_b." in k else v) for k, v in adapters.items()}}
-    assert (titan_logits - _titan_logits(_titan_model(lora_run, without_adapters)[0], ids)).abs().max() > 1e-2
+    assert (titan_logits - _titan_logits(_titan_model(run_dir, without_adapters)[0], ids)).abs().max() > 1e-2
     torch.testing.assert_close(peft_logits, titan_logits, rtol=0, atol=1e-4)
 
 
 @pytest.mark.integration
-def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(lora_run, assets):
+@backends
+def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(backend, request, assets, capsys):
     from peft import PeftModel
 
-    adapter_dir = lora_run / "hf_adapter"
+    run_dir = _run(request, backend)
+    adapter_dir = run_dir / "hf_adapter"
     assert sorted(p.name for p in adapter_dir.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
     hyper = (config["peft_type"], config["r"], config["lora_alpha"], config["lora_dropout"])
@@ -174,24 +206,21 @@ def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(lora_
     assert adapter["base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight"].shape == (2 * hd, RANK)
     assert adapter["base_model.model.model.layers.3.mlp.down_proj.lora_A.weight"].shape == (RANK, 768)
 
-    summary = json.loads((lora_run / "summary.json").read_text())
-    assert (summary["adapter_dir"], summary["export_dir"]) == (str(adapter_dir), str(lora_run / "hf_export"))
-    assert not (lora_run / "checkpoint" / "step-10").exists()  # the consumed HF save is gone
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["adapter_dir"], summary["export_dir"]) == (str(adapter_dir), str(run_dir / "hf_export"))
+    assert not (run_dir / "checkpoint" / "step-10").exists()  # the consumed HF save is gone
     ids = fixed_batch(TINY_DENSE["vocab_size"])
     with torch.no_grad():
         peft_logits = PeftModel.from_pretrained(_hf(assets.tiny_qwen3_dir), adapter_dir).eval()(ids).logits
-        merged_logits = _hf(lora_run / "hf_export")(ids).logits
+        merged_logits = _hf(run_dir / "hf_export")(ids).logits
         base_logits = _hf(assets.tiny_qwen3_dir)(ids).logits
     torch.testing.assert_close(merged_logits, peft_logits, rtol=0, atol=1e-4)
     assert (peft_logits - base_logits).abs().max() > 1e-2  # the adapter does something
 
-    verify = subprocess.run(
-        [sys.executable, "-m", "qwen3_neuron.hf_io.verify", str(adapter_dir)],
-        check=False, cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    assert "missing keys (0)" in verify.stdout and "unexpected keys (0)" in verify.stdout
-    assert f"vs merged {lora_run / 'hf_export'}" in verify.stdout and verify.stdout.strip().endswith("OK")
+    assert verify.main([str(adapter_dir)]) == 0  # `python -m qwen3_neuron.hf_io.verify <dir>`, in this process
+    out = capsys.readouterr().out
+    assert "missing keys (0)" in out and "unexpected keys (0)" in out
+    assert f"vs merged {run_dir / 'hf_export'}" in out and out.strip().endswith("OK")
 
 
 @pytest.mark.integration
@@ -239,19 +268,41 @@ def test_resume_after_kill_9_reloads_the_base_and_continues_bit_identically(lora
 # ---- plans (no processes) -----------------------------------------------------------------------
 
 
-def test_moe_plan_puts_adapters_on_attention_and_says_experts_are_not_covered(assets, tmp_path, capsys):
-    plan = make_plan(
-        compose_config(
-            "model=moe", "finetune=lora", "checkpointing=from_hf",
-            f"checkpoint.initial_load_path={assets.tiny_qwen3_moe_dir}",
-        ),
-        tmp_path / "run",
-    )  # fmt: skip
+@pytest.mark.parametrize("backend", ["moe", "hf"])
+def test_moe_plan_puts_adapters_on_attention_and_says_experts_are_not_covered(backend, assets, tmp_path, capsys):
+    base = {"moe": f"checkpoint.initial_load_path={assets.tiny_qwen3_moe_dir}",
+            "hf": f"model.hf_model={assets.tiny_qwen3_moe_dir}"}[backend]  # fmt: skip
+    plan = make_plan(compose_config(f"model={backend}", "finetune=lora", "checkpointing=from_hf", base), tmp_path / "run")
     note = next(n for n in plan.notes if n.startswith("finetune=lora"))
     assert "routed experts (mlp.experts.*) get no LoRA adapters" in note
     assert "gate_proj, up_proj, down_proj match no Linear layer" in note
     assert note in capsys.readouterr().err  # said at plan time, not only in a dry run
-    assert plan.parameters["trainable_parameters"] == _adapter_parameters(TINY_MOE, mlp=False)
+    fused = backend == "moe"
+    assert plan.parameters["trainable_parameters"] == _adapter_parameters(TINY_MOE, mlp=False, fused_qkv=fused)
+
+
+def test_hf_plan_takes_any_subset_of_q_k_v_and_the_model_starts_as_the_base(assets, tmp_path):
+    """model=hf has one Linear per projection: q and v alone get adapters (native's fused wqkv
+    refuses that), as PEFT would put them; B starts at zero, A at torchtitan's Kaiming-uniform."""
+    overrides = ["finetune=lora", "checkpointing=from_hf", "finetune.target_modules=[q_proj,v_proj]"]
+    plan = make_plan(compose_config("model=hf", f"model.hf_model={assets.tiny_qwen3_dir}", *overrides), tmp_path / "hf")
+    d, q, kv = TINY_DENSE["hidden_size"], 4 * TINY_DENSE["head_dim"], 2 * TINY_DENSE["head_dim"]
+    assert plan.parameters["trainable_parameters"] == RANK * ((d + q) + (d + kv)) * TINY_DENSE["num_hidden_layers"]
+    assert not [n for n in plan.notes if n.startswith("finetune=lora")]
+    model = meta_model(plan.trainer_config)
+    adapted = sorted(name for name, module in model.named_modules() if hasattr(module, "lora_a"))
+    assert adapted[:2] == ["model.model.layers.0.self_attn.q_proj", "model.model.layers.0.self_attn.v_proj"]
+    assert all(not p.requires_grad for name, p in model.named_parameters() if ".lora_" not in name)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.fill_(float("nan") if ".lora_" in name else 0.0)
+        model.init_weights(buffer_device=None)  # as the trainer: Transformers' init, then the adapters'
+    q_proj = dict(model.named_modules())["model.model.layers.0.self_attn.q_proj"]
+    assert torch.equal(q_proj.lora_b.weight, torch.zeros_like(q_proj.lora_b.weight))  # the base's function
+    assert 0 < q_proj.lora_a.weight.abs().max() <= d**-0.5  # Kaiming-uniform(a=sqrt 5): bound 1/sqrt(in)
+    with pytest.raises(ConfigError, match="computes q_proj, k_proj, v_proj with one projection"):
+        make_plan(compose_config(f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}", *overrides), tmp_path / "native")
 
 
 def test_full_finetune_trains_every_parameter(assets, tmp_path):

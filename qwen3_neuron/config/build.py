@@ -118,13 +118,6 @@ def _registry_name(module: str) -> str:
 def _model_spec(settings: Settings, model_dir: HFModelDir | None):
     spec = _base_model_spec(settings, model_dir)
     if settings.finetune.method == "lora":
-        if settings.model.kind == "hf":
-            raise ConfigError(
-                "finetune=lora supports model=native and model=moe (torchtitan's LoRAConverter on its "
-                "own Qwen3); the Transformers backend (model=hf) builds plain nn.Linear layers it "
-                "does not reach. Load the same HF dir into model=native with checkpointing=from_hf "
-                "checkpoint.initial_load_path=/abs/hf_dir."
-            )
         spec = with_lora(spec, settings.finetune)
     return spec
 

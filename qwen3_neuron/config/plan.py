@@ -183,7 +183,8 @@ def _check_lora(config: Trainer.Config, settings: Settings, world_size: int) -> 
             "for the export from every rank's model part. Use parallelism=fsdp (or tp)."
         )
     _check_lora_base(config, settings.model.kind)
-    note = uncovered_note(settings.finetune, config.model_spec.model)
+    built = meta_model(config) if settings.model.kind == "hf" else None  # HF's Linear layers: built, not configured
+    note = uncovered_note(settings.finetune, config.model_spec.model, built)
     if not note:
         return []
     print(f"[qwen3-neuron] note: {note}", file=sys.stderr)

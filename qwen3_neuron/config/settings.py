@@ -218,7 +218,8 @@ class FinetuneSettings:
 
     target_modules: list[str] = field(default_factory=lambda: list(HF_PROJECTIONS))
     """LoRA: the projections that get adapters, in Hugging Face names (q_proj, k_proj, v_proj,
-    o_proj, gate_proj, up_proj, down_proj), the same on every backend."""
+    o_proj, gate_proj, up_proj, down_proj), the same on every backend (model=native: q/k/v are
+    one fused projection, all or none)."""
 
     merge_export: bool = True
     """LoRA with checkpointing=export_hf: also write the merged full model (<run dir>/hf_export)

@@ -1,3 +1,5 @@
 """Parameter-efficient fine-tuning (finetune=lora): torchtitan's LoRAConverter wired through the
-model spec (`lora`), the adapters saved by the workers (`adapter_save`), and the PEFT-format
-adapter and merged model the launcher exports (`peft_format`, `export`)."""
+model spec, or for model=hf onto the Transformers model's Linear layers (`lora`), the frozen base
+kept frozen (`frozen_base`), adapter-only checkpoints (`checkpoint`), the adapters saved by the
+workers (`adapter_save`), and their PEFT format (`peft_format`) for the launcher's export.
+"""

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qwen3_neuron.finetune.names import ADAPTER_MODULES
+
 ADAPTER_SUBDIR = "lora"
 RAW_ADAPTER_FILE = "adapter.safetensors"
-LORA_KEY_PARTS = (".lora_a.", ".lora_b.")
+LORA_KEY_PARTS = tuple(f".{name}." for name in ADAPTER_MODULES)
 
 
 def is_adapter_key(key: str) -> bool:

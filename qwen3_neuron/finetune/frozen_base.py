@@ -6,7 +6,8 @@ which sets `requires_grad=True`: the base weights LoRAConverter froze become tra
 go into the optimizer (measured: 78 parameter tensors in AdamW instead of the 40 adapters, and a
 base that moved). Its `partial_dtensor` branch passes `requires_grad=param.requires_grad`.
 Wrapping the method to put back each parameter's flag does what that branch does, on both
-backends, and changes nothing where the flag already survives.
+backends, and changes nothing where the flag already survives. model=hf takes the same path: the
+backend turns every Transformers module into such a `Module` before distributing it.
 """
 
 from __future__ import annotations

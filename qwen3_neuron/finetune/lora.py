@@ -1,12 +1,23 @@
-"""finetune=lora on torchtitan's own Qwen3 (model=native, model=moe): Hugging Face projection
-names -> the model's `Linear` modules -> `LoRAConverter.Config`, applied to the model spec the way
-torchtitan's `model_registry(flavor, converters=[...])` applies it.
+"""finetune=lora: torchtitan's LoRAConverter on every backend, so that one adapter class
+(`LoRALinear`: frozen base `weight`, trainable `lora_a` / `lora_b`) trains, checkpoints and exports
+the same way whatever the model.
 
-torchtitan's LoRAConverter matches a module by the last segment of its config's FQN, so the
-unit it can target is one `Linear.Config`. Qwen3 fuses q/k/v into one `wqkv` (every flavour but
-`debugmodel_non_fused_qkv`, whose `wk` and `wv` still share one `wkv` config): HF names that land
-on one config must be named together. MoE layers have no dense MLP and their routed experts are
-grouped 3-D weights, not `Linear`s: they get no adapters, and the plan says so.
+- model=native, model=moe (torchtitan's own Qwen3): Hugging Face projection names -> the model's
+  `Linear` configs -> `LoRAConverter.Config`, applied to the model spec the way torchtitan's
+  `model_registry(flavor, converters=[...])` applies it. The converter matches a module by the
+  last segment of its config's FQN, so the unit it can target is one `Linear.Config`. Qwen3 fuses
+  q/k/v into one `wqkv` (every flavour but `debugmodel_non_fused_qkv`, whose `wk` and `wv` still
+  share one `wkv` config): HF names that land on one config must be named together.
+- model=hf (the Transformers backend): Transformers builds plain `nn.Linear` layers, so the model
+  config holds no `Linear.Config` to convert. The spec's model config keeps the converter's
+  settings (`with_lora`), and the model, once Transformers has built it (`add_hf_adapters`, called
+  by `models.hf.runtime.HFModel`), freezes every weight and puts in place of each targeted
+  `nn.Linear` the `LoRALinear` the converter makes of that layer's `Linear.Config`: q/k/v are
+  separate there, the HF names are the module names, and a weight keeps its key (`q_proj.weight`),
+  so HF loads and saves see the base as they would without LoRA.
+
+MoE layers have no dense MLP and their routed experts are grouped 3-D weights, not `Linear`s:
+they get no adapters, and the plan says so.
 """
 
 from __future__ import annotations
@@ -19,7 +30,8 @@ from torchtitan.models.utils import validate_converter_order
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.finetune.names import HF_PROJECTIONS
+from qwen3_neuron.finetune.names import ADAPTER_MODULES, HF_PROJECTIONS
+from qwen3_neuron.models.hf.spec import HF_BACKEND_NAME
 
 # `finetune` below is the plan's `finetune` section (config.settings.FinetuneSettings): read by
 # attribute, never imported, so that finetune stays below the config stage that builds with it.
@@ -29,6 +41,9 @@ _FUSED_QKV = {"q_proj": "wqkv", "k_proj": "wqkv", "v_proj": "wqkv"}
 _SEPARATE_QKV = {"q_proj": "wq", "k_proj": "wkv", "v_proj": "wkv"}
 _OTHERS = {"o_proj": "wo", "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+# model=hf: the projections the backend shards rowwise under TP (the rest colwise); LoRALinear
+# derives its adapters' sharding from its base's.
+_HF_ROWWISE = ("o_proj", "down_proj")
 
 
 def hf_to_titan_names(model_config) -> dict[str, str]:
@@ -80,10 +95,15 @@ def titan_targets(finetune, model_config) -> tuple[list[str], list[str]]:
     return targets, absent
 
 
-def uncovered_note(finetune, model_config) -> str | None:
-    """The plan's note for a model whose routed experts (or any named projection) get no adapters."""
-    _, absent = titan_targets(finetune, model_config)
-    has_experts = any(getattr(layer, "moe", None) is not None for layer in getattr(model_config, "layers", []))
+def uncovered_note(finetune, model_config, model=None) -> str | None:
+    """The plan's note for a model whose routed experts (or any named projection) get no adapters.
+    `model`: model=hf's model as built (meta device), whose nn.Linear layers its config does not list."""
+    if model is None:
+        _, absent = titan_targets(finetune, model_config)
+        has_experts = any(getattr(layer, "moe", None) is not None for layer in getattr(model_config, "layers", []))
+    else:
+        absent = hf_absent_targets(finetune, model)
+        has_experts = bool(getattr(model_config, "is_moe", False))
     if not (absent or has_experts):
         return None
     parts = []
@@ -97,6 +117,21 @@ def uncovered_note(finetune, model_config) -> str | None:
     return "finetune=lora: " + "; ".join(parts) + "."
 
 
+def hf_absent_targets(finetune, model) -> list[str]:
+    """model=hf: the named projections that got no adapter in the built model; ConfigError when
+    none got one (a model whose Transformers layers are named otherwise)."""
+    adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if _has_adapters(module)}
+    if not adapted:
+        from torch import nn
+
+        linears = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+        raise ConfigError(
+            f"finetune.target_modules={finetune.target_modules} matches no Linear layer of this model "
+            f"(its Linear layers: {', '.join(sorted(linears)) or 'none'})."
+        )
+    return [hf for hf in finetune.target_modules if hf not in adapted]
+
+
 def lora_converter(finetune, model_config) -> LoRAConverter.Config:
     targets, _ = titan_targets(finetune, model_config)
     return LoRAConverter.Config(rank=finetune.rank, alpha=finetune.alpha, target_modules=targets)
@@ -104,11 +139,69 @@ def lora_converter(finetune, model_config) -> LoRAConverter.Config:
 
 def with_lora(spec: ModelSpec, finetune) -> ModelSpec:
     """The spec with LoRA applied to its model config, as `model_registry(..., converters=[...])`
-    does (the converter order check, then `convert`): base configs frozen, targets LoRALinear."""
+    does (the converter order check, then `convert`): base configs frozen, targets LoRALinear.
+    model=hf: the config keeps the converter for the model to apply (`add_hf_adapters`)."""
     check_settings(finetune)
+    spec = copy.copy(spec)
+    if spec.name == HF_BACKEND_NAME:
+        spec.model = spec.model.with_lora(
+            LoRAConverter.Config(rank=finetune.rank, alpha=finetune.alpha, target_modules=list(finetune.target_modules))
+        )
+        return spec
     converters = [lora_converter(finetune, spec.model)]
     validate_converter_order(converters)
-    spec = copy.copy(spec)
     for converter in converters:
         spec.model = converter.build().convert(spec.model)
     return spec
+
+
+# ---- model=hf: on the model Transformers built ---------------------------------------------------
+
+
+def add_hf_adapters(model, lora: LoRAConverter.Config) -> None:
+    """Freeze `model` (an HFTransformerModel as built, before parallelisation) and put a LoRALinear
+    in place of each nn.Linear named in `lora.target_modules`, keeping its weight (and bias)
+    parameter; the MoE blocks the backend swaps in later (`_native_moe_config`) are built frozen."""
+    from torch import nn
+    from torchtitan.models.common.decoder_sharding import colwise_config, rowwise_config
+    from torchtitan.tools.logging import logger
+
+    model.requires_grad_(False)
+    moe_layers = [layer for layer in model.layers.values() if getattr(layer, "_native_moe_config", None) is not None]
+    swapped_out = {id(module) for layer in moe_layers for module in layer.mlp.modules()}
+    # target_modules=None: the converter turns the one Linear.Config it is given into LoRALinear's
+    to_lora = LoRAConverter.Config(rank=lora.rank, alpha=lora.alpha).build()
+    adapted = []
+    for parent_name, parent in list(model.named_modules()):
+        for name, linear in list(parent.named_children()):
+            if name not in lora.target_modules or type(linear) is not nn.Linear or id(linear) in swapped_out:
+                continue
+            base = Linear.Config(
+                in_features=linear.in_features,
+                out_features=linear.out_features,
+                bias=linear.bias is not None,
+                sharding_config=rowwise_config() if name in _HF_ROWWISE else colwise_config(),
+            )
+            lora_linear = to_lora.convert(base).build().to(device=linear.weight.device, dtype=linear.weight.dtype)
+            lora_linear.weight, lora_linear.bias = linear.weight, linear.bias  # frozen above
+            setattr(parent, name, lora_linear)
+            adapted.append(name)
+    if moe_layers:  # non-target configs become frozen ones (target_modules=[]: none is a target)
+        frozen = LoRAConverter.Config(rank=lora.rank, alpha=lora.alpha, target_modules=[]).build()
+        for layer in moe_layers:
+            layer._native_moe_config = frozen.convert(layer._native_moe_config)
+    names = ", ".join(sorted(set(adapted), key=HF_PROJECTIONS.index))
+    logger.info(f"finetune=lora: LoRALinear in place of {len(adapted)} Transformers Linear layers ({names})")
+
+
+def init_hf_adapters(model, buffer_device=None) -> None:
+    """Initialise the adapters `add_hf_adapters` put in (torchtitan's init: A Kaiming-uniform,
+    B zero): Transformers' `_init_weights`, which inits the rest, does not know them."""
+    for module in model.modules():
+        if _has_adapters(module):
+            for name in ADAPTER_MODULES:
+                getattr(module, name).init_states(buffer_device=buffer_device)
+
+
+def _has_adapters(module) -> bool:
+    return all(hasattr(module, name) for name in ADAPTER_MODULES)

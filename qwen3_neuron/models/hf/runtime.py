@@ -6,11 +6,15 @@ part of the model model=hf builds; made lazily (importing them pulls in transfor
 - `HFModel.init_states`: also initialises the rotary `inv_freq` buffers (torchtitan rebuilds
   them only from a `rope_init_fn` Transformers 5.x no longer keeps: loss NaN at step 1 with
   trained weights) and the torchtitan MoE modules the backend swaps in (Transformers'
-  `_init_weights` does not know them: uninitialised router weights, the bf16 loss NaN on CPU).
+  `_init_weights` does not know them: uninitialised router weights, the bf16 loss NaN on CPU);
+- finetune=lora: `PinnedHFConfig.with_lora` keeps the LoRA converter's settings, and `HFModel`
+  applies them to the Transformers model it builds (`finetune.lora.add_hf_adapters`), before
+  torchtitan parallelises it, and initialises the adapters with the rest.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +36,15 @@ def _make_pinned_config_class():
     from torchtitan.protocols.module import Module
 
     class HFModel(HFTransformerModel):
-        """HFTransformerModel whose init also covers the torchtitan MoE modules it swaps in."""
+        """HFTransformerModel whose init also covers the torchtitan modules put into the
+        Transformers model: the MoE the backend swaps in, finetune=lora's adapters."""
+
+        def __init__(self, config) -> None:
+            super().__init__(config)
+            if config.lora is not None:
+                from qwen3_neuron.finetune.lora import add_hf_adapters
+
+                add_hf_adapters(self, config.lora)
 
         def init_states(self, *, buffer_device=None) -> None:
             super().init_states(buffer_device=buffer_device)
@@ -41,6 +53,10 @@ def _make_pinned_config_class():
                 moe = getattr(layer, "moe", None)
                 if isinstance(moe, Module):
                     moe.init_states(buffer_device=buffer_device)
+            if self.model.config.lora is not None:
+                from qwen3_neuron.finetune.lora import init_hf_adapters
+
+                init_hf_adapters(self.model, buffer_device=buffer_device)
 
     class PinnedHFConfig(HFTransformerModel.Config):
         """HFTransformerModel.Config that keeps config.json's `PINNED_FROM_HF` fields."""
@@ -51,6 +67,18 @@ def _make_pinned_config_class():
             super().__init__(model_config, **kwargs)
             self._pinned_from_hf = dict(pinned_from_hf or {})
             self.model_type = model_type  # config.json's: which Transformers module builds it
+            self._lora = None
+
+        @property
+        def lora(self):
+            """finetune=lora: the LoRAConverter.Config the built model applies, else None.
+            (Underscored underneath: `update_from_config` copies every public HF config key.)"""
+            return self._lora
+
+        def with_lora(self, lora) -> PinnedHFConfig:
+            config = copy.copy(self)  # as the backend's own `_replace`: __init__ must not re-run
+            config._lora = lora
+            return config
 
         def update_from_config(self, *, config=None, **kwargs):
             super().update_from_config(config=config, **kwargs)
