@@ -38,10 +38,10 @@ run: setup
 
 test: setup
 	bash scripts/install_slurm.sh   # a local SLURM for tests/test_slurm.py (skips, saying why, if it cannot)
-	# two test processes, a group of test files each at a time (tests/conftest.py: files sharing
-	# a trained run, the longest first): a launch leaves a core idle for much of its start-up,
+	# two test processes, a test file each at a time (tests/conftest.py: files sharing a trained
+	# run together, the longest first): a launch leaves a core idle for much of its start-up,
 	# which the other process's launch then uses
-	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder $(ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder $(ARGS)
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration" $(ARGS)

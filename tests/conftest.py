@@ -34,28 +34,38 @@ def pytest_unconfigure(config):
     shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
-# ---- how `make test` spreads the files over its two processes (pytest-xdist, --dist loadgroup) ---
+# ---- how `make test` spreads the files over its two processes (pytest-xdist) ---------------------
 
 # A file's tests stay in one process (its module fixtures train once). Files that assert on the
-# same session run share a group: in two processes, each would train it again.
+# same session run share a unit: in two processes, each would train it again.
 SHARED_RUNS = {
     "test_memory.py": "default_run", "test_training.py": "default_run", "test_resume.py": "default_run",
     "test_experiments.py": "moe_experiment_run", "test_moe_training.py": "moe_experiment_run",
 }  # fmt: skip
-# xdist hands groups out in collection order: the longest first, so that no long one starts last.
+# xdist hands units out in collection order: the longest first, so that no long one starts last.
 LONGEST_FIRST = ("test_hf_integration.py", "default_run", "test_data_training.py", "test_parallelism.py",
                  "test_sweeps.py", "test_lora.py", "moe_experiment_run", "test_slurm.py", "test_build.py")  # fmt: skip
 
 
-def _group(item) -> str:
-    return SHARED_RUNS.get(item.path.name, item.path.name)
+def _unit(nodeid: str) -> str:
+    file = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return SHARED_RUNS.get(file, file)
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: the rest keep their order
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_unit(item.nodeid), len(rank)))  # stable: the rest keep their order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's per-file scheduling (--dist loadfile), with the files of one session run as one unit."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return ByUnit(config, log)
 
 
 @pytest.fixture(scope="session")
