@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LORA_TRAINING, REPO, compose_config, launch, read_jsonl
+from conftest import LORA_DROPOUT, LORA_TRAINING, REPO, compose_config, launch, read_jsonl
 from test_resume import _kill_everything_mentioning, _logged, _wait_for
 
 from qwen3_neuron.config.build import build_trainer_config
@@ -21,7 +21,9 @@ from qwen3_neuron.config.memory import meta_model
 from qwen3_neuron.config.plan import make_plan
 from qwen3_neuron.config.settings import parse_settings
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.finetune.lora import LoRADropoutConverter
 from qwen3_neuron.finetune.peft_format import to_peft
+from qwen3_neuron.finetune.step_seed import seed_each_step
 from qwen3_neuron.hf_io import verify
 from qwen3_neuron.hf_io.adapter_export import write_adapter
 from qwen3_neuron.hf_io.verify import fixed_batch
@@ -78,9 +80,12 @@ def _initial_base(config, assets) -> dict[str, torch.Tensor]:
 
 def _titan_model(run_dir: Path, state: dict[str, torch.Tensor]):
     """The model the run trained (LoRA included; model=hf: Transformers' Qwen3 with torchtitan's
-    LoRALinear layers), built as the plan builds it, on the CPU, holding `state`."""
+    LoRALinear layers), built as the plan builds it, on the CPU, holding `state` (None: on the meta
+    device, as built)."""
     config = build_trainer_config(read_job(run_dir), run_dir, "cpu")
     model = meta_model(config)
+    if state is None:  # the architecture alone
+        return model, config
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights(buffer_device=None)  # the RoPE tables: buffers no checkpoint holds
@@ -118,6 +123,10 @@ def test_only_the_adapters_train_and_the_summary_counts_them(backend, request, a
     assert f"Optimizer AdamW (model_part=0): {pairs} params" in (run_dir / "train.log").read_text()
     losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r]
     assert losses[-1] < losses[0]
+    # finetune.dropout reached the workers' model: every adapted layer drops its adapter input
+    model, _ = _titan_model(run_dir, None)
+    dropouts = [getattr(m, "_lora_dropout", None) for m in model.modules() if hasattr(m, "lora_a")]
+    assert dropouts == [LORA_DROPOUT] * _adapted_modules(fused)
 
 
 @pytest.mark.integration
@@ -196,7 +205,7 @@ def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(backe
     assert sorted(p.name for p in adapter_dir.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
     hyper = (config["peft_type"], config["r"], config["lora_alpha"], config["lora_dropout"])
-    assert hyper == ("LORA", RANK, ALPHA, 0.0)
+    assert hyper == ("LORA", RANK, ALPHA, LORA_DROPOUT)
     assert set(config["target_modules"]) == PROJECTIONS and config["task_type"] == "CAUSAL_LM"
     assert config["base_model_name_or_path"] == str(assets.tiny_qwen3_dir)
     adapter = _safetensors(adapter_dir / "adapter_model.safetensors")
@@ -224,14 +233,18 @@ def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(backe
 
 
 @pytest.mark.integration
-def test_resume_after_kill_9_reloads_the_base_and_continues_bit_identically(lora_run, assets, tmp_path):
+@backends
+def test_resume_after_kill_9_reloads_the_base_and_continues_bit_identically(backend, request, assets, tmp_path):
     """kill -9 after the step-4 adapter checkpoint; run.resume loads the base from HF again, the
     adapters, optimizer and chat data position (row index, packer buffer, samples packed but not
     handed out) from the checkpoint, and ends on the uninterrupted run's losses, validation and
-    adapters, with the base still bit-identical (the final model-only save holds it)."""
-    run_dir = tmp_path / "killed"
+    adapters, with the base still bit-identical (the final model-only save holds it). Dropout
+    masks included: each step's follow from the seed and the step."""
+    lora_run, run_dir = _run(request, backend), tmp_path / "killed"
+    base = {"native": [f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"],
+            "hf": ["model=hf", f"model.hf_model={assets.tiny_qwen3_dir}"]}[backend]  # fmt: skip
     overrides = [
-        *LORA_TRAINING, "checkpointing=[from_hf,periodic]", f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}",
+        *LORA_TRAINING, "checkpointing=[from_hf,periodic]", *base,
         # the final save: the whole model, uncast (qwen3_32b's is a training state, its dtype float16)
         "checkpoint.last_save_model_only=true", "checkpoint.export_dtype=float32",
     ]  # fmt: skip
@@ -266,6 +279,73 @@ def test_resume_after_kill_9_reloads_the_base_and_continues_bit_identically(lora
 
 
 # ---- plans (no processes) -----------------------------------------------------------------------
+
+
+def _dropout_layer(dropout: float):
+    """torchtitan's Linear (8 -> 6) with the project's LoRA layer on it, every weight nonzero."""
+    from torchtitan.models.common.linear import Linear
+
+    converter = LoRADropoutConverter.Config(rank=2, alpha=4.0, dropout=dropout).build()
+    layer = converter.convert(Linear.Config(in_features=8, out_features=6, bias=False)).build()
+    with torch.no_grad():
+        for parameter in layer.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(parameter.numel())))
+    return layer
+
+
+def test_lora_dropout_drops_the_adapters_input_only_and_only_while_training():
+    layer, x = _dropout_layer(0.5), torch.randn(4, 8)
+    base = x @ layer.weight.T
+    torch.manual_seed(7)
+    trained = layer.train()(x)
+    torch.manual_seed(7)
+    dropped = torch.nn.functional.dropout(x, 0.5, training=True)  # the same draw
+    expected = base + 2.0 * (dropped @ layer.lora_a.weight.T @ layer.lora_b.weight.T)
+    torch.testing.assert_close(trained, expected, rtol=0, atol=1e-6)
+    evaluated = layer.eval()(x)
+    torch.testing.assert_close(evaluated, base + 2.0 * (x @ layer.lora_a.weight.T @ layer.lora_b.weight.T))
+    assert (trained - evaluated).abs().max() > 1e-3
+    # no parameter of its own: the keys of torchtitan's layer; dropout 0 builds torchtitan's layer itself
+    plain = _dropout_layer(0.0)
+    assert type(plain).__name__ == "LoRALinear" and type(layer).__name__ == "LoRALinearWithDropout"
+    assert layer.state_dict().keys() == plain.state_dict().keys() == {"weight", "lora_a.weight", "lora_b.weight"}
+
+
+class _Steps:
+    """What `seed_each_step` reads of torchtitan's Trainer: the step counter and the model parts."""
+
+    def __init__(self, model):
+        self.step, self.model_parts = 0, [model]
+
+
+def _dropout_outputs(steps: range, reseed: bool, start_seed: int) -> dict[int, torch.Tensor]:
+    torch.manual_seed(start_seed)  # what set_determinism seeds, or a resumed run's RNG at start-up
+    layer, x = _dropout_layer(0.5), torch.ones(4, 8)
+    trainer = _Steps(layer.train())
+    if reseed:
+        seed_each_step(trainer)
+    outputs = {}
+    for step in steps:
+        trainer.step = step
+        outputs[step] = torch.stack([layer(x), layer(x)])  # two micro-batches of one step
+        layer.eval()(x)  # a validation forward in between draws nothing and reseeds nothing
+        layer.train()
+    return outputs
+
+
+def test_dropout_masks_follow_the_step_so_a_resumed_run_draws_the_uninterrupted_runs():
+    """torchtitan checkpoints no RNG state: the masks of steps 3-4 after a restart at step 3 equal
+    the uninterrupted run's only because each step reseeds from the run seed and the step."""
+    uninterrupted = _dropout_outputs(range(1, 5), reseed=True, start_seed=42)
+    resumed = _dropout_outputs(range(3, 5), reseed=True, start_seed=42)
+    for step in (3, 4):
+        assert torch.equal(resumed[step], uninterrupted[step])
+        assert not torch.equal(uninterrupted[step][0], uninterrupted[step][1])  # micro-batches: own masks
+    assert not torch.equal(uninterrupted[3], uninterrupted[4])
+    assert not torch.equal(_dropout_outputs(range(3, 5), reseed=True, start_seed=43)[3], uninterrupted[3])
+    without = (_dropout_outputs(range(1, 5), reseed=False, start_seed=42), _dropout_outputs(range(3, 5), False, 42))
+    assert not torch.equal(without[0][3], without[1][3])  # what the reseeding prevents
+
 
 
 @pytest.mark.parametrize("backend", ["moe", "hf"])

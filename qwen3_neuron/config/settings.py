@@ -213,8 +213,9 @@ class FinetuneSettings:
     """LoRA: the adapter's output is scaled by alpha / rank (PEFT's lora_alpha)."""
 
     dropout: float = 0.0
-    """LoRA: dropout on the adapter's input (PEFT's lora_dropout). torchtitan 0.3.0's LoRALinear
-    has none, so only 0.0 is accepted; the field exists so the recipe and the export say so."""
+    """LoRA: dropout on the adapter's input while training, 0 <= p < 1 (PEFT's lora_dropout); the
+    base path sees the input whole. Each step's masks follow from the seed and the step, so a
+    resumed run trains as the uninterrupted one."""
 
     target_modules: list[str] = field(default_factory=lambda: list(HF_PROJECTIONS))
     """LoRA: the projections that get adapters, in Hugging Face names (q_proj, k_proj, v_proj,

@@ -16,6 +16,11 @@ the same way whatever the model.
   separate there, the HF names are the module names, and a weight keeps its key (`q_proj.weight`),
   so HF loads and saves see the base as they would without LoRA.
 
+finetune.dropout (PEFT's lora_dropout): torchtitan 0.3.0's LoRALinear has none. `LoRADropoutConverter`
+is its converter making a subclass of its layer that drops the adapter's input only (y = W x +
+alpha/r * B A dropout(x)); with dropout 0 it makes torchtitan's layer itself. No parameter is
+added, so keys, checkpoints and exports are the same.
+
 MoE layers have no dense MLP and their routed experts are grouped 3-D weights, not `Linear`s:
 they get no adapters, and the plan says so.
 """
@@ -23,7 +28,9 @@ they get no adapters, and the plan says so.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, fields
 
+from torch.nn import functional as F
 from torchtitan.components.lora import LoRAConverter
 from torchtitan.models.common.linear import Linear
 from torchtitan.models.utils import validate_converter_order
@@ -46,6 +53,54 @@ MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 _HF_ROWWISE = ("o_proj", "down_proj")
 
 
+class LoRADropoutConverter(LoRAConverter):
+    """torchtitan's LoRAConverter, with `dropout` on the adapters' input."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(LoRAConverter.Config):
+        dropout: float = 0.0
+        """Probability of zeroing an element of the adapter's input while training (0 <= p < 1)."""
+
+    def __init__(self, config: Config, **kwargs):
+        super().__init__(config, **kwargs)
+        self.dropout = config.dropout
+
+    def _make_lora_config(self, cfg: Linear.Config):
+        lora_config = super()._make_lora_config(cfg)
+        if not self.dropout:
+            return lora_config
+        with_dropout = _lora_with_dropout(lora_config._owner)
+        values = {f.name: getattr(lora_config, f.name) for f in fields(lora_config) if f.init}
+        return with_dropout.Config(**values, dropout=self.dropout)
+
+
+_with_dropout_classes: dict[type, type] = {}
+
+
+def _lora_with_dropout(lora_cls: type) -> type:
+    """The subclass of torchtitan's LoRALinear class `lora_cls` that drops the adapter's input."""
+    if lora_cls in _with_dropout_classes:
+        return _with_dropout_classes[lora_cls]
+
+    class LoRALinearWithDropout(lora_cls):
+        @dataclass(kw_only=True, slots=True)
+        class Config(lora_cls.Config):
+            dropout: float
+
+        def __init__(self, config: Config) -> None:
+            super().__init__(config)
+            self._lora_dropout = config.dropout
+
+        def forward(self, input):
+            base_out = super(lora_cls, self).forward(input)  # the base Linear's own forward
+            adapter_input = F.dropout(input, self._lora_dropout, self.training)
+            return base_out + self._lora_scaling * self.lora_b(self.lora_a(adapter_input))
+
+    LoRALinearWithDropout.__name__ = LoRALinearWithDropout.__qualname__ = f"{lora_cls.__name__}WithDropout"
+    _with_dropout_classes[lora_cls] = LoRALinearWithDropout
+    return LoRALinearWithDropout
+
+
 def hf_to_titan_names(model_config) -> dict[str, str]:
     """{HF projection: the torchtitan module name it is in this model}, for the names present."""
     present = {fqn.rsplit(".", 1)[-1] for fqn, *_ in model_config.traverse(Linear.Config, recurse=True)}
@@ -54,7 +109,7 @@ def hf_to_titan_names(model_config) -> dict[str, str]:
 
 
 def check_settings(finetune) -> None:
-    """What the plan refuses whatever the model: unknown names, rank <= 0, dropout."""
+    """What the plan refuses whatever the model: unknown names, rank <= 0, dropout outside [0, 1)."""
     unknown = [name for name in finetune.target_modules if name not in HF_PROJECTIONS]
     if unknown:
         raise ConfigError(
@@ -67,10 +122,10 @@ def check_settings(finetune) -> None:
         raise ConfigError(f"finetune.rank must be a positive integer, got {finetune.rank}.")
     if not finetune.alpha > 0:
         raise ConfigError(f"finetune.alpha must be > 0, got {finetune.alpha}.")
-    if finetune.dropout != 0.0:
+    if not 0.0 <= finetune.dropout < 1.0:
         raise ConfigError(
-            f"finetune.dropout={finetune.dropout}: torchtitan 0.3.0's LoRALinear applies no dropout, "
-            "so only 0.0 is supported (valid: 0.0)."
+            f"finetune.dropout must be in [0, 1) (the probability of dropping an adapter input), "
+            f"got {finetune.dropout}."
         )
 
 
@@ -132,9 +187,15 @@ def hf_absent_targets(finetune, model) -> list[str]:
     return [hf for hf in finetune.target_modules if hf not in adapted]
 
 
-def lora_converter(finetune, model_config) -> LoRAConverter.Config:
+def lora_converter(finetune, model_config) -> LoRADropoutConverter.Config:
     targets, _ = titan_targets(finetune, model_config)
-    return LoRAConverter.Config(rank=finetune.rank, alpha=finetune.alpha, target_modules=targets)
+    return _converter_config(finetune, targets)
+
+
+def _converter_config(finetune, target_modules: list[str]) -> LoRADropoutConverter.Config:
+    return LoRADropoutConverter.Config(
+        rank=finetune.rank, alpha=finetune.alpha, dropout=finetune.dropout, target_modules=target_modules
+    )
 
 
 def with_lora(spec: ModelSpec, finetune) -> ModelSpec:
@@ -144,9 +205,7 @@ def with_lora(spec: ModelSpec, finetune) -> ModelSpec:
     check_settings(finetune)
     spec = copy.copy(spec)
     if spec.name == HF_BACKEND_NAME:
-        spec.model = spec.model.with_lora(
-            LoRAConverter.Config(rank=finetune.rank, alpha=finetune.alpha, target_modules=list(finetune.target_modules))
-        )
+        spec.model = spec.model.with_lora(_converter_config(finetune, list(finetune.target_modules)))
         return spec
     converters = [lora_converter(finetune, spec.model)]
     validate_converter_order(converters)
@@ -158,7 +217,7 @@ def with_lora(spec: ModelSpec, finetune) -> ModelSpec:
 # ---- model=hf: on the model Transformers built ---------------------------------------------------
 
 
-def add_hf_adapters(model, lora: LoRAConverter.Config) -> None:
+def add_hf_adapters(model, lora: LoRADropoutConverter.Config) -> None:
     """Freeze `model` (an HFTransformerModel as built, before parallelisation) and put a LoRALinear
     in place of each nn.Linear named in `lora.target_modules`, keeping its weight (and bias)
     parameter; the MoE blocks the backend swaps in later (`_native_moe_config`) are built frozen."""
@@ -170,7 +229,7 @@ def add_hf_adapters(model, lora: LoRAConverter.Config) -> None:
     moe_layers = [layer for layer in model.layers.values() if getattr(layer, "_native_moe_config", None) is not None]
     swapped_out = {id(module) for layer in moe_layers for module in layer.mlp.modules()}
     # target_modules=None: the converter turns the one Linear.Config it is given into LoRALinear's
-    to_lora = LoRAConverter.Config(rank=lora.rank, alpha=lora.alpha).build()
+    to_lora = LoRADropoutConverter.Config(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout).build()
     adapted = []
     for parent_name, parent in list(model.named_modules()):
         for name, linear in list(parent.named_children()):

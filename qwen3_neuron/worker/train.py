@@ -31,6 +31,7 @@ def main(run_dir: Path) -> None:
     from qwen3_neuron.config.build import build_trainer_config
     from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
     from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
+    from qwen3_neuron.finetune.step_seed import seed_each_step
     from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
 
     if handoff:
@@ -38,7 +39,8 @@ def main(run_dir: Path) -> None:
     job = read_job(run_dir)
     init_logger()
     config = build_trainer_config(job, run_dir, device)
-    lora = job.get("finetune", {}).get("method") == "lora"
+    finetune = job.get("finetune", {})
+    lora = finetune.get("method") == "lora"
     if lora:
         keep_requires_grad_through_distribution()  # torchtitan's spmd_types path unfreezes the base
     sl.init_structured_logger(
@@ -54,6 +56,8 @@ def main(run_dir: Path) -> None:
     trainer = None
     try:
         trainer = config.build()
+        if lora and finetune.get("dropout"):
+            seed_each_step(trainer)  # a resumed run draws the masks the uninterrupted one drew
         if config.checkpoint.create_seed_checkpoint:  # the plan checked world size 1, checkpoint.enable
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")
