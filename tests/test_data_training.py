@@ -5,12 +5,16 @@
   kill -9 is tests/test_lora.py's: LoRA on the same conversations.)
 - text: a .txt file of paragraphs, streamed, a tenth carved out for validation, long documents
   split across samples, a checkpoint every 2 steps: the reference of a streamed resume.
+- mix: one source in each other file form (.json, .csv, .parquet, .arrow, a save_to_disk dir) and a
+  data set in the hub cache, map-style, killed and resumed: its own launch pair.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +24,7 @@ from conftest import REPO, TINY, launch, read_jsonl
 from test_resume import _kill_everything_mentioning, _wait_for
 
 from qwen3_neuron.assets.build import stdlib_docstrings
+from qwen3_neuron.run_dir import read_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -145,6 +150,77 @@ def killed_and_resumed_matches(reference_dir: Path, run_dir: Path, overrides, ch
     after = range(checkpoint_step + 1, steps + 1)
     assert [resumed[s] for s in after] == [reference[s] for s in after]
     assert summary_of(run_dir)["val_loss"] == summary_of(reference_dir)["val_loss"]
+
+
+# ---- mix: every other file form, and the hub cache -------------------------------------------------
+
+MIX_FORMS = ("json", "csv", "parquet", "arrow", "save_to_disk")
+
+
+def _write_sources(folder: Path, texts: list[str]) -> list[str]:
+    """The texts split over one source per form of MIX_FORMS and a hub-cache data set, written as
+    `datasets` writes them (as `hf download ... --repo-type dataset` leaves the last one)."""
+    import datasets
+
+    parts = [texts[i :: len(MIX_FORMS) + 1] for i in range(len(MIX_FORMS) + 1)]
+    sources = []
+    for form, part in zip(MIX_FORMS, parts):
+        table, path = datasets.Dataset.from_dict({"text": part}), folder / f"{form}.{form}"
+        if form == "json":
+            path.write_text(json.dumps([{"text": t} for t in part]))
+        elif form == "csv":
+            table.to_csv(str(path), index=False)
+        elif form == "parquet":
+            table.to_parquet(str(path))
+        elif form == "arrow":
+            table.save_to_disk(str(folder / "for_arrow"))
+            path = next((folder / "for_arrow").glob("*.arrow"))
+        else:
+            table.save_to_disk(str(path))
+        sources.append(f"{{files:'{path}',weight:1}}")
+    repo = folder / "hub" / "datasets--acme--docstrings"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    rows = "".join(json.dumps({"text": t}) + "\n" for t in parts[-1])
+    (repo / "snapshots" / "abc123" / "train.jsonl").write_text(rows)
+    return [*sources, "{hf_dataset:acme/docstrings,weight:1}"]
+
+
+def test_a_mix_of_every_file_form_and_a_hub_data_set_trains_and_resumes_after_kill_9(tmp_path, monkeypatch, assets):
+    """2 ranks read each form (map-style, a tenth of every source carved out for validation);
+    kill -9 after the step-3 checkpoint, run.resume: the steps the killed run logged after its
+    checkpoint, and the step-4 validation, come out the same from the resumed one."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # the launcher's and the workers' hub cache
+    sources = _write_sources(tmp_path, stdlib_docstrings()[:600])
+    run_dir = tmp_path / "run"
+    overrides = [*TINY, "data=mix", f"data.sources=[{','.join(sources)}]", "data.overlong=split",
+                 "data.val_fraction=0.1", "training.steps=12", "validator.freq=4", "validator.steps=2",
+                 "checkpointing=periodic", "checkpoint.interval=3"]  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *overrides],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    _wait_for(lambda: (run_dir / "checkpoint" / "step-3" / ".metadata").exists() and _steps(run_dir) >= 5, process)
+    _kill_everything_mentioning(str(run_dir))
+    process.wait(timeout=60)
+    assert not (run_dir / "summary.json").exists()
+    before_kill = {r["step"]: r for r in read_metrics(run_dir) if "loss" in r}
+    for later in (6, 9):  # resume from step 3 whatever the kill's timing
+        shutil.rmtree(run_dir / "checkpoint" / f"step-{later}", ignore_errors=True)
+
+    result = launch(None, f"run.resume={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"Loading the checkpoint from \S*step-3\b", (run_dir / "train.log").read_text())
+    summary = summary_of(run_dir)
+    assert summary["status"] == "completed" and summary["steps"] == 12
+    assert math.isfinite(summary["val_loss"]) and summary["val_step"] == 12
+    after = {r["step"]: r for r in read_metrics(run_dir) if "loss" in r}
+    replayed = [step for step in sorted(before_kill) if step > 3]  # at least 4 and 5
+    assert [after[s]["loss"] for s in replayed] == [before_kill[s]["loss"] for s in replayed]
+    assert after[4]["val_loss"] == before_kill[4]["val_loss"]
+    stats = summary["data_stats"]
+    assert stats["documents"] > 0 and stats["split"] > 0  # the docstrings run over 128-token samples
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
