@@ -2,7 +2,7 @@
 is read or written. Both sides of torchrun import this module; it imports nothing of either.
 
     <run dir>/job.yaml            the resolved composed config; workers rebuild from it
-    <run dir>/.plan_ready.<token> the launcher's go to its workers while they run (see below)
+    <run dir>/.plan_*.<token>     the plan's request, result or error while torchrun starts (below)
     <run dir>/failure.json        rank 0's error and last good checkpoint, when training raised
     <run dir>/train.log           torchrun's whole output
     <run dir>/ranks/              torchrun's per-rank logs
@@ -15,12 +15,16 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/summary.json        how the run ended
     <sweep dir>/.stop_sweep       left by a job that stops the sweep: later jobs skip
 
-The launcher starts torchrun before its plan is done, so that the workers import torchtitan
-while it plans. It gives them a handoff (`HANDOFF_ENV`: the device, a token for this launch and
-its pid); they import, then wait for `.plan_ready.<token>` before reading job.yaml (one file per
-launch: the nodes of a multi-node job may share the run dir). A plan that fails stops them
-instead; a launcher that dies is noticed. A worker run by hand from a recorded run dir has no
-handoff and reads job.yaml at once.
+The launcher starts torchrun as soon as the framework's own settings parse, and the plan is made
+by local rank 0 once it has imported torchtitan (which the launcher then never imports): on
+2 cores a third torchtitan import would delay every worker. The launcher gives the workers a
+handoff (`HANDOFF_ENV`: the device, a token for this launch and its pid) and writes what to plan
+(`.plan_request.<token>.json`: the composed config, the torchrun command, model=hf's dir). Local
+rank 0 plans and records (job.yaml ...), then writes `.plan_ready.<token>` (the `PlannedRun` the
+launcher reports with) or `.plan_error.<token>` (the config error); the other ranks wait for the
+first, and every rank stops at the second or when the launcher is gone. One set of files per
+launch: the nodes of a multi-node job may share the run dir. A worker run by hand from a
+recorded run dir has no handoff and reads job.yaml at once.
 """
 
 from __future__ import annotations
@@ -46,15 +50,43 @@ STOP_FILE = ".stop_sweep"
 HANDOFF_ENV = "QWEN3_NEURON_HANDOFF"
 
 _PLAN_POLL_SECONDS = 0.02
-WAITING_LINE = "[qwen3-neuron] workers ready to build; waiting for the launcher's plan"
+PLANNING_LINE = "[qwen3-neuron] local rank 0: torchtitan imported; planning for the launcher"
+PLAN_FAILED_EXIT = 2  # local rank 0's exit code when the plan found a config error
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """What the launcher needs of a plan to run and report the job, without torchtitan."""
+
+    steps: int
+    world_size: int
+    parameters: dict[str, int]  # trainable_parameters, total_parameters
+    replacements: list[str]  # torchtitan's "[Override] target: fqn Old -> New" lines
+    messages: list[str]  # the plan's warnings and notes, for the launcher to print
+    vocab_size: int  # the first-loss check's reference, ln(vocab_size)
+    weights_loaded: bool  # the run starts from initial weights
+    dtype: str  # the matmuls' dtype, for the peak FLOPs
+    exports_hf: bool  # the last save is in HF: the launcher exports after training
+
+    def replacements_by_override(self) -> dict[str, list[str]]:
+        """{override target: ["fqn Old -> New", ...]}, for the summary."""
+        return group_replacements(self.replacements)
+
+
+def group_replacements(lines: list[str]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for line in lines:
+        target, _, change = line.removeprefix("[Override] ").partition(": ")
+        grouped.setdefault(target, []).append(change)
+    return grouped
 
 
 @dataclass(frozen=True)
 class Handoff:
-    """What a worker started before the plan was done needs to know meanwhile."""
+    """What workers started before the plan was made need to know meanwhile."""
 
     device: str  # fixes.install(device) must run before torchtitan is imported
-    token: str  # names this launch's ready file
+    token: str  # names this launch's plan files
     launcher_pid: int
 
     def to_env(self) -> dict[str, str]:
@@ -65,25 +97,60 @@ class Handoff:
         value = os.environ.get(HANDOFF_ENV)
         return cls(**json.loads(value)) if value else None
 
-    def ready_file(self, run_dir: Path) -> Path:
-        return run_dir / f".plan_ready.{self.token}"
+    def files(self, run_dir: Path) -> dict[str, Path]:
+        return {kind: run_dir / f".plan_{kind}.{self.token}" for kind in ("request", "ready", "error")}
 
-    def mark_ready(self, run_dir: Path) -> None:
-        """Launcher: the plan is recorded; the workers may build."""
-        self.ready_file(run_dir).touch()
+    # ---- launcher
+    def request_plan(self, run_dir: Path, request: dict[str, Any]) -> None:
+        """What local rank 0 plans: {"composed", "launch", "model_dir"}."""
+        _write_atomically(self.files(run_dir)["request"], json.dumps(request))
+
+    def wait_for_plan(self, run_dir: Path, alive) -> PlannedRun | str | None:
+        """Local rank 0's PlannedRun, its config error (a str), or None if `alive()` turned false first."""
+        files = self.files(run_dir)
+        while True:
+            if files["ready"].exists():
+                return PlannedRun(**json.loads(files["ready"].read_text()))
+            if files["error"].exists():
+                return files["error"].read_text()
+            if not alive():
+                return None
+            time.sleep(_PLAN_POLL_SECONDS)
+
+    def remove_files(self, run_dir: Path) -> None:
+        for path in self.files(run_dir).values():
+            path.unlink(missing_ok=True)
+
+    # ---- workers
+    def read_request(self, run_dir: Path) -> dict[str, Any]:
+        return json.loads(self.files(run_dir)["request"].read_text())
+
+    def plan_ready(self, run_dir: Path, planned: PlannedRun) -> None:
+        """Local rank 0: the plan is recorded; every rank may build."""
+        _write_atomically(self.files(run_dir)["ready"], json.dumps(asdict(planned)))
+
+    def plan_failed(self, run_dir: Path, message: str) -> None:
+        _write_atomically(self.files(run_dir)["error"], message)
 
     def wait_until_ready(self, run_dir: Path) -> None:
-        """Worker: return once the launcher marked the plan ready; exit if the launcher is gone
-        (a failed plan stops the workers with SIGTERM before that)."""
-        ready = self.ready_file(run_dir)
-        if not ready.exists() and os.environ.get("LOCAL_RANK") == "0":
-            print(WAITING_LINE, flush=True)
-        while not ready.exists():
+        """The other ranks: return once local rank 0 recorded the plan; exit if it failed or the
+        launcher is gone."""
+        files = self.files(run_dir)
+        while not files["ready"].exists():
+            if files["error"].exists():
+                raise SystemExit(PLAN_FAILED_EXIT)
             try:
                 os.kill(self.launcher_pid, 0)
             except ProcessLookupError:
-                raise SystemExit(f"the launcher (pid {self.launcher_pid}) exited before its plan was ready")
+                raise SystemExit(f"the launcher (pid {self.launcher_pid}) exited before the plan was ready")
             time.sleep(_PLAN_POLL_SECONDS)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Readers polling for `path` never see it half written."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def read_job(run_dir: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from conftest import compose_config, launch
 
 from qwen3_neuron.config.build import build_trainer_config
 from qwen3_neuron.config.plan import make_plan
-from qwen3_neuron.launch.record import write_record
+from qwen3_neuron.config.record import write_record
 from qwen3_neuron.run_dir import read_job
 
 _opened: list[str] | None = None  # the files opened while a test records, else None

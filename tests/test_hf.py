@@ -23,6 +23,7 @@ import torch
 from conftest import REPO, compose_config
 from safetensors.torch import load_file, save_file
 
+from qwen3_neuron.config.record import weights_were_loaded
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.hf_io import export, verify
 from qwen3_neuron.models.flavors import native_model_spec
@@ -553,8 +554,8 @@ def test_loss_check_modes():
 def test_weights_were_loaded_follows_the_checkpoint_section(assets):
     config = native_trainer_config(assets.tokenizer_dir)
     config.checkpoint.enable = False
-    assert not loss_check.weights_were_loaded(config)
-    assert loss_check.weights_were_loaded(from_hf(config, assets.tiny_qwen3_dir))
+    assert not weights_were_loaded(config)
+    assert weights_were_loaded(from_hf(config, assets.tiny_qwen3_dir))
 
 
 # ---- checkpointing groups ----------------------------------------------------------------------
@@ -577,12 +578,17 @@ def test_checkpointing_options_combine_in_any_order(assets):
     assert checkpoint_section("checkpointing=none") == {"enable": False}
 
 
-def test_check_run_warns_and_says_when_to_fail(assets):
+def test_check_first_loss_warns_and_says_when_to_fail(assets):
     config = from_hf(native_trainer_config(assets.tokenizer_dir), assets.tiny_qwen3_dir)
     printed = []
-    verdict = loss_check.check_run(7.7, config, "fail", warn=printed.append)
+
+    def check(first_loss, mode):
+        vocab_size = config.model_spec.model.vocab_size
+        return loss_check.check_first_loss(first_loss, vocab_size, True, mode, warn=printed.append)
+
+    verdict = check(7.7, "fail")
     assert verdict.fails("fail") and not verdict.fails("warn")
     assert "marked failed (hf.first_loss_check=fail)" in printed[0]
-    assert loss_check.check_run(None, config, "warn", warn=printed.append).fails("fail") is False  # no step ran
+    assert check(None, "warn").fails("fail") is False  # no step ran
     assert len(printed) == 1
-    assert loss_check.check_run(5.9, config, "fail", warn=printed.append).ok
+    assert check(5.9, "fail").ok

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import REPO, TINY, compose_config, launch, processes_mentioning, read_jsonl
 
 from qwen3_neuron.config.settings import parse_settings
-from qwen3_neuron.config.torchrun import worker_launch
-from qwen3_neuron.launch.job import _Workers
-from qwen3_neuron.run_dir import WAITING_LINE, Handoff
+from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.launch.job import _start_early
+from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
 pytestmark = pytest.mark.integration
 
@@ -94,28 +94,31 @@ def _steps_logged(run_dir) -> int:
     return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
-def test_workers_started_early_wait_for_the_plan_and_a_failed_plan_stops_them(tmp_path, assets):
-    """What the launcher does for every run: torchrun starts while the plan runs; its workers
-    import torchtitan, then wait. A plan that fails stops them and removes what torchrun wrote."""
+def test_local_rank_0_plans_and_a_config_error_it_finds_stops_every_worker(tmp_path, assets):
+    """What the launcher does for every fresh run: torchrun starts before any torchtitan import in
+    the launcher; local rank 0 plans once it has imported torchtitan, the other rank waits. A
+    config error only torchtitan finds comes back to the launcher, and stopping the workers
+    leaves nothing."""
     run_dir = tmp_path / "run"
-    workers = _Workers(worker_launch(parse_settings(compose_config()), run_dir), run_dir, verbose=False)
-    deadline = time.time() + 300
-    while not any(WAITING_LINE in log.read_text() for log in run_dir.glob("ranks/*/attempt_0/0/stdout.log")):
-        assert workers.torchrun.process.poll() is None and time.time() < deadline
-        time.sleep(0.2)
-    time.sleep(1)  # a worker that did not wait would be building now
-    assert len(processes_mentioning("qwen3_neuron.worker.train " + str(run_dir))) == 3  # torchrun, 2 ranks
-    assert sorted(p.name for p in run_dir.iterdir()) == ["ranks", "train.log"]  # nothing built: no plan
+    composed = compose_config("training.seq_len=4096")  # torchtitan's RoPE bound: the plan's check
+    workers = _start_early(parse_settings(composed), run_dir, composed, None)
+    with pytest.raises(ConfigError, match="training.seq_len=4096 is too long for qwen3 tiny"):
+        workers.wait_for_plan()
+    assert PLANNING_LINE in next(run_dir.glob("ranks/*/attempt_0/0/stdout.log")).read_text()
+    assert not (run_dir / "job.yaml").exists()  # nothing recorded, nothing built
     workers.discard()
     assert processes_mentioning(str(run_dir)) == []
     assert list(run_dir.iterdir()) == []
 
 
-def test_a_worker_whose_launcher_is_gone_stops_waiting(tmp_path):
+def test_a_waiting_worker_stops_when_the_plan_failed_or_the_launcher_is_gone(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    handoff = Handoff("cpu", "token", gone.pid)
-    with pytest.raises(SystemExit, match=f"launcher \\(pid {gone.pid}\\) exited before its plan was ready"):
+    with pytest.raises(SystemExit, match=f"launcher \\(pid {gone.pid}\\) exited before the plan was ready"):
+        Handoff("cpu", "token", gone.pid).wait_until_ready(tmp_path)
+    handoff = Handoff("cpu", "token", os.getpid())
+    handoff.plan_failed(tmp_path, "training.steps must be a positive integer, got 0.")
+    with pytest.raises(SystemExit) as stopped:
         handoff.wait_until_ready(tmp_path)
-    handoff.mark_ready(tmp_path)
-    handoff.wait_until_ready(tmp_path)  # returns: the go is there
+    assert stopped.value.code == PLAN_FAILED_EXIT
+    assert handoff.wait_for_plan(tmp_path, alive=lambda: True) == "training.steps must be a positive integer, got 0."

@@ -1,9 +1,9 @@
 """Build the torchtitan `Trainer.Config` from a composed (or recorded) config. Both sides use it.
 
-The launcher's plan (`config.plan`) builds with it and then checks the result; the workers
-(`worker.train`) build with it from the run dir's `job.yaml` and check nothing again. So nothing
-here looks anything up or reads more than it needs to build: the model=hf dir is read once
-(`HFModelDir`), from the local path the plan resolved and recorded.
+The plan (`config.plan`: in local rank 0, or the launcher) builds with it and then checks the
+result; the workers (`worker.train`) build with it from the run dir's `job.yaml` and check
+nothing again. So nothing here looks anything up or reads more than it needs to build: the
+model=hf dir is read once (`HFModelDir`), from the local path the plan resolved and recorded.
 """
 
 from __future__ import annotations

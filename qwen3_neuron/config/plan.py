@@ -1,7 +1,9 @@
 """Stage 2, plan: composed config -> validated torchtitan `Trainer.Config` + torchrun command.
 
 No process is started and no device is touched here, so every config error surfaces before
-torchrun. The plan builds the config (`config.build`, as the workers will from what it records)
+anything is built. It runs in local rank 0 of workers the launcher started before planning
+(`worker.plan`: that process imports torchtitan anyway), or in the launcher for a dry run,
+`run.show_data` and a resumed run. The plan builds the config (`config.build`, as the workers will from what it records)
 and checks it once: on a copy, it does what torchtitan's `Trainer.__init__` does to the config
 before building anything (`ParallelDims`, the model's `update_from_config`, `apply_overrides`,
 `_validate_cuda_graphs`) and turns their errors into `ConfigError`s with what would fit; then
@@ -16,7 +18,7 @@ import operator
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from torchtitan.config.override import apply_overrides
 from torchtitan.trainer import Trainer
@@ -38,6 +40,7 @@ from qwen3_neuron.models.hf.model_dir import (
     native_architecture,
     open_model_dir,
 )
+from qwen3_neuron.run_dir import group_replacements
 
 # Counts torchtitan takes as given; zero or negative would fail late or loop forever.
 MUST_BE_POSITIVE = ("training.steps", "training.local_batch_size", "training.seq_len", "metrics.log_freq")
@@ -71,28 +74,29 @@ class Plan:
     def env(self) -> dict[str, str]:
         return self.launch.env
 
-    def replacements_by_override(self) -> dict[str, list[str]]:
-        """{override target: ["fqn Old -> New", ...]}, for the summary."""
-        grouped: dict[str, list[str]] = {}
-        for line in self.replacements:
-            target, _, change = line.removeprefix("[Override] ").partition(": ")
-            grouped.setdefault(target, []).append(change)
-        return grouped
-
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.settings.run.nnodes
+
+    def replacements_by_override(self) -> dict[str, list[str]]:
+        """{override target: ["fqn Old -> New", ...]}, for the summary."""
+        return group_replacements(self.replacements)
 
     def command_line(self) -> str:
         return self.launch.command_line()
 
 
 def make_plan(
-    composed: Mapping[str, Any], run_dir: Path, launch: WorkerLaunch | None = None, model_dir: HFModelDir | None = None
+    composed: Mapping[str, Any],
+    run_dir: Path,
+    launch: WorkerLaunch | None = None,
+    model_dir: HFModelDir | None = None,
+    warn: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
 ) -> Plan:
     """Validate everything and work out what to run; raises ConfigError on bad input. `launch`:
     the torchrun command already started for this run (`worker_launch` of the same settings);
-    `model_dir`: model=hf's dir, found before it (`find_model_dir`)."""
+    `model_dir`: model=hf's dir, found before it (`find_model_dir`); `warn`: where the plan's
+    warnings and notes go (standard error; local rank 0 hands them to the launcher)."""
     settings = parse_settings(composed)
     launch = launch or worker_launch(settings, run_dir)
     device, nproc = launch.device, launch.nproc_per_node
@@ -119,10 +123,10 @@ def make_plan(
     _check_local_paths(config)
     check_data(config, world_size)  # first rows only: fields, conversations, chat template, validation set
     if settings.finetune.method == "lora":
-        notes.extend(_check_lora(config, settings, world_size))
+        notes.extend(_check_lora(config, settings, world_size, warn))
     parameters = parameter_counts(config)
     memory = estimate_memory(config, world_size, device, nproc)
-    check_fit(memory, config, settings.run.memory_check, warn=lambda message: print(message, file=sys.stderr))
+    check_fit(memory, config, settings.run.memory_check, warn=warn)
     compile_cache = _compile_cache(settings, launch, notes)
     job = _job(composed, device, model_dir, launch.env.get(devices.NEFF_CACHE_ENV))
     return Plan(
@@ -175,7 +179,7 @@ def _check_export(config: Trainer.Config, settings: Settings) -> None:
         ) from e
 
 
-def _check_lora(config: Trainer.Config, settings: Settings, world_size: int) -> list[str]:
+def _check_lora(config: Trainer.Config, settings: Settings, world_size: int, warn: Callable[[str], None]) -> list[str]:
     """finetune=lora: refuse what the adapters cannot do; the notes say what they do not cover."""
     if layout.resolve_degrees(config.parallelism, world_size).pp > 1:
         raise ConfigError(
@@ -187,7 +191,7 @@ def _check_lora(config: Trainer.Config, settings: Settings, world_size: int) -> 
     note = uncovered_note(settings.finetune, config.model_spec.model, built)
     if not note:
         return []
-    print(f"[qwen3-neuron] note: {note}", file=sys.stderr)
+    warn(f"[qwen3-neuron] note: {note}")
     return [note]
 
 

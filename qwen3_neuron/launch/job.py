@@ -1,9 +1,11 @@
-"""One job, as Hydra hands it to launch.py: plan -> record -> torchrun -> export -> report.
+"""One job, as Hydra hands it to launch.py: torchrun -> plan -> record -> train -> export -> report.
 
-torchrun starts as soon as the framework's own settings parse and model=hf's dir is found, and its
-workers import torchtitan while the plan checks the rest; they build only once the plan is
-recorded (`run_dir.Handoff`). A plan that fails stops them and removes what they wrote, so a
-config error leaves what it always did. Dry runs, `run.show_data` and resumed runs plan first and start nothing early.
+torchrun starts as soon as the framework's own settings parse and model=hf's dir is found; its
+local rank 0 makes and records the plan once it has imported torchtitan, and every rank builds
+only then (`run_dir.Handoff`, `worker.plan`). This process never imports torchtitan for such a
+run (a run that exports to HF does, after training). A plan that fails stops the workers and
+removes what they wrote, so a config error leaves what it always did. Dry runs, `run.show_data`
+and resumed runs plan here first and start nothing early.
 
 A single run and each job of a sweep go through `run_job`. It never exits the process: Hydra's
 job-end callbacks and log flushing run after it, and `exit_code()` decides the launch's exit
@@ -12,6 +14,7 @@ code once, for single runs and sweeps alike.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -27,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from qwen3_neuron.config.hydra_setup import register_resolvers
+from qwen3_neuron.config.record import record_plan
 from qwen3_neuron.config.resume import resumed_config
 from qwen3_neuron.config.settings import Settings, parse_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
@@ -35,13 +39,12 @@ from qwen3_neuron.hf_io.export import export_after_training
 from qwen3_neuron.launch import slurm
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
-from qwen3_neuron.launch.record import write_record
-from qwen3_neuron.models.hf.model_dir import find_model_dir
+from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir
 from qwen3_neuron.report.hydra_callbacks import sweep_exit_code
-from qwen3_neuron.report.loss_check import check_run
-from qwen3_neuron.report.peak_flops import peak_for_plan, write_run_dir_peak
+from qwen3_neuron.report.loss_check import check_first_loss
+from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, sweep_job_value, sweep_stop_reason, write_summary
-from qwen3_neuron.run_dir import LOG_FILE, MEMORY_ESTIMATE_FILE, METRICS_FILE, RANKS_LOG_DIR, Handoff, write_json
+from qwen3_neuron.run_dir import LOG_FILE, METRICS_FILE, RANKS_LOG_DIR, Handoff, PlannedRun, read_job
 
 if TYPE_CHECKING:
     from qwen3_neuron.config.plan import Plan
@@ -68,7 +71,7 @@ def run_job(cfg: DictConfig) -> float | None:
     if stopped_by:
         write_summary(job.run_dir, summarize(job.run_dir, "skipped", 0.0, error=f"not run: {stopped_by}"))
         return None
-    workers = None
+    workers, trainer_config = None, None
     try:
         composed = OmegaConf.to_container(cfg, resolve=True)
         if composed["run"]["resume"]:
@@ -76,58 +79,90 @@ def run_job(cfg: DictConfig) -> float | None:
         composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
         settings = parse_settings(composed)  # the framework's own sections: typos need no torchtitan
         model_dir = find_model_dir(settings.model.hf_model) if settings.model.kind == "hf" else None
-        workers = _start_early(settings, job.run_dir)
-        from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
+        workers = _start_early(settings, job.run_dir, composed, model_dir)
+        if workers is not None:
+            launch, planned = workers.launch, workers.wait_for_plan()  # local rank 0's plan
+        else:
+            from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
 
-        plan = make_plan(composed, job.run_dir, workers and workers.launch, model_dir)
-        write_record(job.run_dir, plan.job, plan)
-        write_json(job.run_dir / MEMORY_ESTIMATE_FILE, plan.memory.to_json())
+            plan = make_plan(composed, job.run_dir, None, model_dir)
+            planned = record_plan(plan, job.run_dir, [])  # its warnings: printed as it made them
+            if settings.run.dry_run:
+                _print_plan(plan, job.run_dir)
+                return job.finish(0)
+            if settings.run.show_data:
+                _show_data(plan, settings.run.show_data)
+                return job.finish(0)
+            launch, trainer_config = plan.launch, plan.trainer_config
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on
         if workers is not None:
             workers.discard()
         if not isinstance(e, (ConfigError, OmegaConfBaseException)):
             raise
         return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
-    if plan.settings.run.dry_run:
-        _print_plan(plan, job.run_dir)
-        return job.finish(0)
-    if plan.settings.run.show_data:
-        _show_data(plan, plan.settings.run.show_data)
-        return job.finish(0)
-    return job.train(plan, workers or _Workers(plan.launch, job.run_dir, plan.settings.run.verbose))
+    workers = workers or _Workers(launch, job.run_dir, settings.run.verbose)
+    return job.train(settings, launch, planned, workers, trainer_config)
 
 
 class _Workers:
-    """This node's torchrun, started with a handoff: its workers import, then wait for `go`."""
+    """This node's torchrun. Started before the plan (`plan_request`: what to plan), its local
+    rank 0 plans and the other ranks wait (`run_dir.Handoff`); started after it, the workers
+    read the recorded plan at once."""
 
-    def __init__(self, launch: WorkerLaunch, run_dir: Path, verbose: bool):
+    def __init__(self, launch: WorkerLaunch, run_dir: Path, verbose: bool, plan_request: dict | None = None):
         self.launch, self.run_dir = launch, run_dir
-        self.handoff = Handoff(launch.device, uuid.uuid4().hex, os.getpid())
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.torchrun = Torchrun(launch.command, {**launch.env, **self.handoff.to_env()}, run_dir, echo=verbose)
+        env = dict(launch.env)
+        self.handoff = None
+        if plan_request is not None:
+            self.handoff = Handoff(launch.device, uuid.uuid4().hex, os.getpid())
+            self.handoff.request_plan(run_dir, plan_request)
+            env.update(self.handoff.to_env())
+        self.torchrun = Torchrun(launch.command, env, run_dir, echo=verbose)
+
+    def wait_for_plan(self) -> PlannedRun:
+        """Local rank 0's plan, its warnings printed here; its config error raised here."""
+        planned = self.handoff.wait_for_plan(self.run_dir, alive=lambda: self.torchrun.process.poll() is None)
+        if isinstance(planned, str):
+            raise ConfigError(planned)
+        if planned is None:
+            self.torchrun.wait()  # prints the end of their output
+            raise RuntimeError("the workers exited before their plan was made (the end of their output is above)")
+        for message in planned.messages:
+            print(message, file=sys.stderr)
+        return planned
 
     def go(self, progress: Progress | None) -> LaunchResult:
-        """The plan is recorded: let the workers build, and wait for torchrun to exit."""
-        self.handoff.mark_ready(self.run_dir)
+        """Wait for torchrun to exit; the plan files go with it."""
         try:
             return self.torchrun.wait(progress)
         finally:
-            self.handoff.ready_file(self.run_dir).unlink(missing_ok=True)
+            if self.handoff is not None:
+                self.handoff.remove_files(self.run_dir)
 
     def discard(self) -> None:
         """The plan failed: stop the workers and remove what torchrun wrote."""
         self.torchrun.stop()
+        if self.handoff is not None:
+            self.handoff.remove_files(self.run_dir)
         (self.run_dir / LOG_FILE).unlink(missing_ok=True)
         shutil.rmtree(self.run_dir / RANKS_LOG_DIR, ignore_errors=True)
 
 
-def _start_early(settings: Settings, run_dir: Path) -> _Workers | None:
-    """torchrun now, for a run that will train in a fresh run dir; None for a dry run,
-    `run.show_data` and a resumed run (its train.log goes on: started after the plan)."""
+def _start_early(settings: Settings, run_dir: Path, composed: dict, model_dir: HFModelDir | None) -> _Workers | None:
+    """torchrun now, with its local rank 0 to plan, for a run that will train in a fresh run dir;
+    None for a dry run, `run.show_data` and a resumed run (its train.log goes on: started after
+    the plan)."""
     run = settings.run
     if run.dry_run or run.show_data or run.resume:
         return None
-    return _Workers(worker_launch(settings, run_dir), run_dir, run.verbose)
+    launch = worker_launch(settings, run_dir)
+    request = {
+        "composed": composed,
+        "launch": dataclasses.asdict(launch),
+        "model_dir": {"path": str(model_dir.path), "config": model_dir.config} if model_dir else None,
+    }
+    return _Workers(launch, run_dir, run.verbose, request)
 
 
 def exit_code() -> int:
@@ -159,11 +194,13 @@ class _Job:
             summary, "final_loss", stop_on_failure=stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
         )
 
-    def train(self, plan: Plan, workers: _Workers) -> float | None:
-        run = plan.settings.run
-        write_run_dir_peak(self.run_dir, peak_for_plan(plan), ranks=plan.world_size)
-        steps = plan.trainer_config.training.steps
-        progress = None if run.verbose else Progress(self.run_dir / METRICS_FILE, steps, self.label)
+    def train(
+        self, settings: Settings, launch: WorkerLaunch, planned: PlannedRun, workers: _Workers, trainer_config=None
+    ) -> float | None:
+        """`trainer_config`: the plan's, when it was made here (else rebuilt from the record for an export)."""
+        run = settings.run
+        write_run_dir_peak(self.run_dir, peak_for_run(launch.device, planned.dtype, launch.env), planned.world_size)
+        progress = None if run.verbose else Progress(self.run_dir / METRICS_FILE, planned.steps, self.label)
         start = time.time()
         result = workers.go(progress)
         if run.node_rank > 0:  # multi-node: node 0 exports, checks and writes the job's summary
@@ -173,18 +210,21 @@ class _Job:
         exit_code, extra = result.returncode, {}
         if result.interrupted_by:
             extra["error"] = f"interrupted by {result.interrupted_by}"
-        if status == "completed":  # every rank has finished writing: the HF save is complete
+        if status == "completed" and planned.exports_hf:  # every rank has finished writing: the HF save is complete
             try:
-                extra.update(_export(plan, self.run_dir))
+                extra.update(_export(settings, launch.device, trainer_config, self.run_dir))
             except ExportError as e:
                 print(f"[qwen3-neuron] export failed: {e}", file=sys.stderr)
                 status, exit_code, extra["error"] = "failed", 1, f"export failed: {e}"
         summary = summarize(
             self.run_dir, status, time.time() - start,
-            exit_code=exit_code, overrides=plan.replacements_by_override(), **plan.parameters, **extra,
+            exit_code=exit_code, overrides=planned.replacements_by_override(), **planned.parameters, **extra,
         )  # fmt: skip
-        mode = plan.settings.hf.first_loss_check
-        verdict = check_run(summary["first_loss"], plan.trainer_config, mode, warn=lambda m: print(m, file=sys.stderr))
+        mode = settings.hf.first_loss_check
+        verdict = check_first_loss(
+            summary["first_loss"], planned.vocab_size, planned.weights_loaded, mode,
+            warn=lambda m: print(m, file=sys.stderr),
+        )  # fmt: skip
         if verdict.fails(mode):
             exit_code = exit_code or 1
             summary.update(status="failed", exit_code=exit_code, error=summary["error"] or verdict.message)
@@ -200,14 +240,18 @@ class _Job:
         return self.finish(code, value)
 
 
-def _export(plan: Plan, run_dir: Path) -> dict:
+def _export(settings: Settings, device: str, trainer_config, run_dir: Path) -> dict:
     """The summary's export fields: `export_dir`, and for finetune=lora `adapter_dir`."""
-    export_dir, finetune = plan.settings.hf.export_dir, plan.settings.finetune
+    if trainer_config is None:  # planned by the workers: rebuilt from the record, as they did
+        from qwen3_neuron.config.build import build_trainer_config  # imports torchtitan (seconds)
+
+        trainer_config = build_trainer_config(read_job(run_dir), run_dir, device)
+    export_dir, finetune = settings.hf.export_dir, settings.finetune
     if finetune.method == "lora":
         from qwen3_neuron.hf_io.adapter_export import export_lora_after_training  # imports torch
 
-        return export_lora_after_training(plan.trainer_config, run_dir, finetune, export_dir)
-    exported = export_after_training(plan.trainer_config, run_dir, export_dir)
+        return export_lora_after_training(trainer_config, run_dir, finetune, export_dir)
+    exported = export_after_training(trainer_config, run_dir, export_dir)
     return {"export_dir": str(exported) if exported else None}
 
 

@@ -101,20 +101,15 @@ def _banner(message: str) -> str:
     return f"{line}\n{message}\n{line}"
 
 
-def weights_were_loaded(trainer_config) -> bool:
-    """True when the run starts from initial weights (HF or DCP) rather than a random init."""
-    checkpoint = trainer_config.checkpoint
-    return bool(checkpoint.enable and (checkpoint.initial_load_in_hf or checkpoint.initial_load_path))
-
-
-def check_run(first_loss: float | None, trainer_config, mode: CheckMode, warn=print) -> LossVerdict:
+def check_first_loss(
+    first_loss: float | None, vocab_size: int, weights_loaded: bool, mode: CheckMode, warn=print
+) -> LossVerdict:
     """The launcher's call after a run: judge its first logged loss, warn unless mode is off.
 
     The caller marks the run failed when `verdict.fails(mode)`. A run that logged no step
     (first_loss None) is judged but not warned about: it failed for another reason.
     """
-    vocab_size = trainer_config.model_spec.model.vocab_size
-    verdict = judge_first_loss(first_loss, vocab_size, weights_were_loaded(trainer_config))
+    verdict = judge_first_loss(first_loss, vocab_size, weights_loaded)
     if first_loss is not None and mode != "off" and not verdict.ok:
         suffix = " The run is marked failed (hf.first_loss_check=fail)." if mode == "fail" else ""
         warn(_banner(verdict.message + suffix))

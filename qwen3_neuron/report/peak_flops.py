@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from qwen3_neuron.config.record import training_dtype
 from qwen3_neuron.run_dir import PEAK_FLOPS_FILE, write_json
 
 PEAK_CACHE_FILE = "peak_flops.json"
@@ -81,22 +82,18 @@ class PeakFlops:
 # ---- launcher side ---------------------------------------------------------------------------
 
 
-def training_dtype(trainer_config) -> str:
-    """The dtype the model's matmuls run in: `training.dtype` if bfloat16, else FSDP's
-    `mixed_precision_param` (torchtitan 0.3.0's qwen3 `parallelize` applies FSDP at every data
-    parallel degree, 1 included, so its param dtype is the compute dtype)."""
-    training = trainer_config.training
-    return "bfloat16" if training.dtype == "bfloat16" else training.mixed_precision_param
-
-
 def peak_for_plan(plan) -> PeakFlops:
     """The per-rank peak for a planned job (cached, or measured now)."""
-    dtype = training_dtype(plan.trainer_config)
+    return peak_for_run(plan.device, training_dtype(plan.trainer_config), plan.env)
+
+
+def peak_for_run(device: str, dtype: str, env: dict[str, str]) -> PeakFlops:
+    """The per-rank peak for `device` at `dtype` with the workers' environment `env`."""
     threads = None
-    if plan.device == "cpu":
-        threads = int(plan.env.get("OMP_NUM_THREADS") or 0) or None
-    lnc = int(plan.env.get("NEURON_LOGICAL_NC_CONFIG", "2"))
-    return peak_flops(plan.device, dtype, threads=threads, neuron_cores_per_rank=lnc)
+    if device == "cpu":
+        threads = int(env.get("OMP_NUM_THREADS") or 0) or None
+    lnc = int(env.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+    return peak_flops(device, dtype, threads=threads, neuron_cores_per_rank=lnc)
 
 
 def write_run_dir_peak(run_dir: Path, peak: PeakFlops, ranks: int) -> None:

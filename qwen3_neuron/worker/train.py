@@ -1,10 +1,11 @@
 """Stage 5, train: one torchrun worker. `python -m qwen3_neuron.worker.train <run_dir>`.
 
-Rebuilds the Trainer.Config the launcher planned from what it recorded in the run dir (no Hydra
-here, and no checks: the plan made them), applies the device's compatibility fixes, and runs
-torchtitan's trainer the way `torchtitan.train.main` does: structured logging as
-`debug.enable_structured_logging` says, `comm.mode=local_tensor` skips training, and
-`checkpoint.create_seed_checkpoint` saves step 0 instead of training.
+Rebuilds the Trainer.Config from the plan's record in the run dir (no Hydra here, and no checks:
+the plan made them; workers started before the plan have local rank 0 make it first:
+`worker.plan`), applies the device's compatibility fixes, and runs torchtitan's trainer the way
+`torchtitan.train.main` does: structured logging as `debug.enable_structured_logging` says,
+`comm.mode=local_tensor` skips training, and `checkpoint.create_seed_checkpoint` saves step 0
+instead of training.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from qwen3_neuron.run_dir import FAILURE_FILE, Handoff, complete_steps, read_job
 
 
 def main(run_dir: Path) -> None:
-    # started by the launcher before its plan was done: import while it plans, then wait for it
     handoff = Handoff.from_env()
     device = handoff.device if handoff else read_job(run_dir)["device"]["type"]
     install(device)  # before torchtitan modules copy the device type at import
@@ -32,10 +32,14 @@ def main(run_dir: Path) -> None:
     from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
     from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
     from qwen3_neuron.finetune.step_seed import seed_each_step
+    from qwen3_neuron.worker.plan import plan_for_the_launcher
     from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
 
-    if handoff:
-        handoff.wait_until_ready(run_dir)
+    if handoff:  # started before the plan: local rank 0 makes it, the other ranks wait for it
+        if os.environ.get("LOCAL_RANK") == "0":
+            plan_for_the_launcher(run_dir, handoff)
+        else:
+            handoff.wait_until_ready(run_dir)
     job = read_job(run_dir)
     init_logger()
     config = build_trainer_config(job, run_dir, device)

@@ -1,10 +1,12 @@
-"""Stage 3, record: what a run dir holds besides Hydra's `.hydra/`.
+"""Stage 3, record: what a run dir holds besides Hydra's `.hydra/`, written by whichever process
+made the plan (the launcher, or local rank 0 of workers started before it: `run_dir.Handoff`).
 
 - `job.yaml`: the composed config, resolved, with the device and the model=hf dir settled
   (`Plan.job`): workers rebuild from it.
 - `trainer_config.json`: the final torchtitan config, for people (torchtitan's `to_dict`).
 - `command.sh`: the exact torchrun command with its environment.
 - `versions.json`: package versions and the project's git SHA.
+- `memory_estimate.json`: the plan's tensor memory estimate per rank.
 """
 
 from __future__ import annotations
@@ -18,9 +20,43 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from qwen3_neuron.run_dir import FAILURE_FILE, JOB_FILE, write_json
+from qwen3_neuron.run_dir import FAILURE_FILE, JOB_FILE, MEMORY_ESTIMATE_FILE, PlannedRun, write_json
 
 PACKAGES = ("torch", "torchtitan", "transformers", "hydra-core", "omegaconf", "safetensors", "tokenizers")
+
+
+def record_plan(plan, run_dir: Path, messages: list[str]) -> PlannedRun:
+    """Write the plan's record; returns what the launcher runs and reports with."""
+    from qwen3_neuron.hf_io.export import exports_hf
+
+    write_record(run_dir, plan.job, plan)
+    write_json(run_dir / MEMORY_ESTIMATE_FILE, plan.memory.to_json())
+    config = plan.trainer_config
+    return PlannedRun(
+        steps=config.training.steps,
+        world_size=plan.world_size,
+        parameters=plan.parameters,
+        replacements=plan.replacements,
+        messages=messages,
+        vocab_size=config.model_spec.model.vocab_size,
+        weights_loaded=weights_were_loaded(config),
+        dtype=training_dtype(config),
+        exports_hf=exports_hf(config),
+    )
+
+
+def weights_were_loaded(trainer_config) -> bool:
+    """True when the run starts from initial weights (HF or DCP) rather than a random init."""
+    checkpoint = trainer_config.checkpoint
+    return bool(checkpoint.enable and (checkpoint.initial_load_in_hf or checkpoint.initial_load_path))
+
+
+def training_dtype(trainer_config) -> str:
+    """The dtype the model's matmuls run in: `training.dtype` if bfloat16, else FSDP's
+    `mixed_precision_param` (torchtitan 0.3.0's qwen3 `parallelize` applies FSDP at every data
+    parallel degree, 1 included, so its param dtype is the compute dtype)."""
+    training = trainer_config.training
+    return "bfloat16" if training.dtype == "bfloat16" else training.mixed_precision_param
 
 
 def write_record(run_dir: Path, job: dict[str, Any], plan) -> None:

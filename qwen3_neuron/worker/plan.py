@@ -1,0 +1,35 @@
+"""Local rank 0 of workers the launcher started before planning: make the plan, record it, and
+hand the launcher what it reports with (`run_dir.Handoff`).
+
+The plan is the launcher's (`config.plan.make_plan`, the same call a dry run makes in the
+launcher); it runs here because this process has imported torchtitan anyway, and a third import
+in the launcher would hold back every worker on a small host.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
+
+
+def plan_for_the_launcher(run_dir: Path, handoff: Handoff) -> None:
+    """Record the plan and say it is ready; a config error is handed over and ends this rank."""
+    from qwen3_neuron.config.plan import make_plan
+    from qwen3_neuron.config.record import record_plan
+    from qwen3_neuron.config.torchrun import WorkerLaunch
+    from qwen3_neuron.errors import ConfigError
+    from qwen3_neuron.models.hf.model_dir import HFModelDir
+
+    print(PLANNING_LINE, flush=True)
+    request = handoff.read_request(run_dir)
+    found = request["model_dir"]
+    model_dir = HFModelDir(Path(found["path"]), found["config"]) if found else None
+    messages: list[str] = []
+    try:
+        plan = make_plan(request["composed"], run_dir, WorkerLaunch(**request["launch"]), model_dir, messages.append)
+        planned = record_plan(plan, run_dir, messages)
+    except ConfigError as e:
+        handoff.plan_failed(run_dir, str(e))
+        raise SystemExit(PLAN_FAILED_EXIT) from None
+    handoff.plan_ready(run_dir, planned)
