@@ -15,13 +15,11 @@ import json
 import math
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY, launch, read_jsonl
-from test_resume import _kill_everything_mentioning, _wait_for
+from conftest import TINY, launch, read_jsonl
+from test_resume import kill_9_after_checkpoint
 
 from qwen3_neuron.assets.build import stdlib_docstrings
 from qwen3_neuron.run_dir import read_metrics
@@ -135,15 +133,7 @@ def test_streamed_text_run_killed_and_resumed_continues_with_the_same_losses(tex
 
 
 def killed_and_resumed_matches(reference_dir: Path, run_dir: Path, overrides, checkpoint_step: int, steps: int):
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *TINY, *overrides],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    checkpoint = run_dir / "checkpoint" / f"step-{checkpoint_step}" / ".metadata"
-    _wait_for(lambda: checkpoint.exists() and _steps(run_dir) >= checkpoint_step + 1, process)
-    _kill_everything_mentioning(str(run_dir))
-    process.wait(timeout=60)
-    assert not (run_dir / "summary.json").exists()
+    kill_9_after_checkpoint(run_dir, [*TINY, *overrides], checkpoint_step, steps_logged=checkpoint_step + 1)
     result = launch(None, f"run.resume={run_dir}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     resumed, reference = _losses(run_dir), _losses(reference_dir)
@@ -197,14 +187,7 @@ def test_a_mix_of_every_file_form_and_a_hub_data_set_trains_and_resumes_after_ki
     overrides = [*TINY, "data=mix", f"data.sources=[{','.join(sources)}]", "data.overlong=split",
                  "data.val_fraction=0.1", "training.steps=12", "validator.freq=4", "validator.steps=2",
                  "checkpointing=periodic", "checkpoint.interval=3"]  # fmt: skip
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *overrides],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    _wait_for(lambda: (run_dir / "checkpoint" / "step-3" / ".metadata").exists() and _steps(run_dir) >= 5, process)
-    _kill_everything_mentioning(str(run_dir))
-    process.wait(timeout=60)
-    assert not (run_dir / "summary.json").exists()
+    kill_9_after_checkpoint(run_dir, overrides, checkpoint_step=3, steps_logged=5)
     before_kill = {r["step"]: r for r in read_metrics(run_dir) if "loss" in r}
     for later in (6, 9):  # resume from step 3 whatever the kill's timing
         shutil.rmtree(run_dir / "checkpoint" / f"step-{later}", ignore_errors=True)
@@ -225,9 +208,3 @@ def test_a_mix_of_every_file_form_and_a_hub_data_set_trains_and_resumes_after_ki
 
 def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r}
-
-
-def _steps(run_dir: Path) -> int:
-    """Training steps logged so far (a line still being written is not one)."""
-    path = run_dir / "metrics.jsonl"
-    return sum('"loss"' in line and line.endswith("}") for line in path.read_text().splitlines()) if path.exists() else 0

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import LORA_DROPOUT, LORA_TRAINING, REPO, compose_config, launch, read_jsonl
-from test_resume import _kill_everything_mentioning, _logged, _wait_for
+from conftest import LORA_DROPOUT, LORA_TRAINING, compose_config, launch, read_jsonl
+from test_resume import kill_9_after_checkpoint
 
 from qwen3_neuron.config.build import build_trainer_config
 from qwen3_neuron.config.memory import meta_model
@@ -248,14 +246,7 @@ def test_resume_after_kill_9_reloads_the_base_and_continues_bit_identically(back
         # the final save: the whole model, uncast (qwen3_32b's is a training state, its dtype float16)
         "checkpoint.last_save_model_only=true", "checkpoint.export_dtype=float32",
     ]  # fmt: skip
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *overrides],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    _wait_for(lambda: (run_dir / "checkpoint" / "step-4" / ".metadata").exists() and _logged(run_dir) >= 5, process)
-    _kill_everything_mentioning(str(run_dir))
-    process.wait(timeout=60)
-    assert not (run_dir / "summary.json").exists()
+    kill_9_after_checkpoint(run_dir, overrides, checkpoint_step=4, steps_logged=5)
 
     result = launch(None, f"run.resume={run_dir}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -33,14 +33,7 @@ def test_resume_after_kill_9_continues_with_identical_losses(request, tmp_path, 
     uninterrupted reference; the resumed run recomputes them from that checkpoint."""
     ranks = f"run.nproc_per_node={nproc}"
     run_dir = tmp_path / "killed"
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", ranks, *CHECKPOINTED],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    _wait_for(lambda: (run_dir / "checkpoint" / "step-4" / ".metadata").exists() and _logged(run_dir) >= 6, process)
-    _kill_everything_mentioning(str(run_dir))
-    process.wait(timeout=60)
-    assert not (run_dir / "summary.json").exists()
+    kill_9_after_checkpoint(run_dir, [ranks, *CHECKPOINTED], checkpoint_step=4, steps_logged=6)
     before_kill = losses(run_dir)
     if nproc == 1:  # resume from step 4 whatever the kill's timing: steps 5.. are the killed run's
         shutil.rmtree(run_dir / "checkpoint" / "step-8", ignore_errors=True)
@@ -75,9 +68,26 @@ def test_resume_refuses_a_dir_without_checkpoint_and_a_changed_config(tmp_path, 
     assert result.returncode == 2 and "changes 'optimizer.lr'" in result.stderr
 
 
-def _logged(run_dir: Path) -> int:
+def kill_9_after_checkpoint(run_dir: Path, overrides, checkpoint_step: int, steps_logged: int) -> None:
+    """Train `overrides` through launch.py in `run_dir`; kill -9 the launcher, torchrun and every
+    worker once checkpoint step-`checkpoint_step` is complete and `steps_logged` training steps
+    are in metrics.jsonl. Nothing is summarised."""
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *overrides],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    checkpoint = run_dir / "checkpoint" / f"step-{checkpoint_step}" / ".metadata"
+    _wait_for(lambda: checkpoint.exists() and _steps_logged(run_dir) >= steps_logged, process)
+    _kill_everything_mentioning(str(run_dir))
+    process.wait(timeout=60)
+    assert not (run_dir / "summary.json").exists()
+
+
+def _steps_logged(run_dir: Path) -> int:
+    """Training steps in metrics.jsonl so far (a line still being written is not one)."""
     path = run_dir / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    lines = path.read_text().splitlines() if path.exists() else []
+    return sum('"loss"' in line and line.endswith("}") for line in lines)
 
 
 def _wait_for(condition, process, timeout=300):
