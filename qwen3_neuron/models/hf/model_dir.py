@@ -1,11 +1,13 @@
 """A Transformers model dir: its `config.json` read once into an `HFModelDir` that the plan, the
 layout checks and the ModelSpec share.
 
-Plan time only (the launcher): `open_model_dir` finds the dir (a local dir or a cached Hub id),
-reads it and checks that Transformers can read and build it; the other checks refuse what cannot
-work with a `ConfigError` naming the file or key (weights present, the tokenizer fits, HF weights
-loaded into a native flavour describe that flavour). Workers only `read_model_dir` the local path
-the plan recorded: no Hub lookup, no AutoConfig, no tokenizer or safetensors index read.
+Plan time only: the launcher finds the dir (a local dir or a cached Hub id) and reads it
+(`find_model_dir`) before torchrun starts; the plan (`open_model_dir`) checks that Transformers
+can read and build it; the other checks refuse what cannot work with a `ConfigError` naming the
+file or key (weights present, the tokenizer fits, HF weights loaded into a native flavour describe
+that flavour). Workers only `read_model_dir` the local path the plan recorded: no Hub lookup, no
+AutoConfig, no tokenizer or safetensors index read. (The plan gets the launcher's `HFModelDir`,
+through the plan request when local rank 0 plans: it does not read config.json again.)
 """
 
 from __future__ import annotations
