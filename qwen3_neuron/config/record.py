@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from qwen3_neuron.hf_io.export import exports_hf
 from qwen3_neuron.run_dir import FAILURE_FILE, JOB_FILE, MEMORY_ESTIMATE_FILE, PlannedRun, write_json
 
 PACKAGES = ("torch", "torchtitan", "transformers", "hydra-core", "omegaconf", "safetensors", "tokenizers")
@@ -27,8 +28,6 @@ PACKAGES = ("torch", "torchtitan", "transformers", "hydra-core", "omegaconf", "s
 
 def record_plan(plan, run_dir: Path, messages: list[str]) -> PlannedRun:
     """Write the plan's record; returns what the launcher runs and reports with."""
-    from qwen3_neuron.hf_io.export import exports_hf
-
     write_record(run_dir, plan.job, plan)
     write_json(run_dir / MEMORY_ESTIMATE_FILE, plan.memory.to_json())
     config = plan.trainer_config
