@@ -136,6 +136,30 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def write_texts(folder: Path, form: str, texts: list[str]) -> Path:
+    """`texts` as rows of a `text` column in file form `form` (a `data.files` extension, or
+    save_to_disk), written in `folder` the way `datasets` writes them; returns what data.files names."""
+    import datasets
+
+    table, path = datasets.Dataset.from_dict({"text": texts}), folder / f"{form}.{form}"
+    if form == "jsonl":
+        write_jsonl(path, [{"text": t} for t in texts])
+    elif form == "json":
+        path.write_text(json.dumps([{"text": t} for t in texts]))
+    elif form == "csv":
+        table.to_csv(str(path), index=False)
+    elif form == "parquet":
+        table.to_parquet(str(path))
+    elif form == "txt":
+        path.write_text("\n\n".join(texts))  # a row per blank-line-separated paragraph
+    elif form == "arrow":
+        table.save_to_disk(str(folder / "for_arrow"))
+        path = next((folder / "for_arrow").glob("*.arrow"))
+    else:
+        table.save_to_disk(str(path))
+    return path
+
+
 def take(dataset, n):
     iterator = iter(dataset)
     return [next(iterator) for _ in range(n)]
@@ -165,26 +189,9 @@ def test_overlong_conversations_are_truncated_or_dropped_and_counted(tmp_path, t
 
 @pytest.mark.parametrize("form", ["jsonl", "json", "csv", "parquet", "txt", "arrow", "save_to_disk"])
 def test_each_file_form_reads_its_rows_as_documents(tmp_path, tokenizer, form):
-    import datasets
 
     texts = ["alpha beta", "gamma delta epsilon", "zeta"]
-    table = datasets.Dataset.from_dict({"text": texts})
-    path = tmp_path / f"data.{form}"
-    if form == "jsonl":
-        write_jsonl(path, [{"text": t} for t in texts])
-    elif form == "json":
-        path.write_text(json.dumps([{"text": t} for t in texts]))
-    elif form == "csv":
-        table.to_csv(str(path), index=False)
-    elif form == "parquet":
-        table.to_parquet(str(path))
-    elif form == "txt":
-        path.write_text("\n\n".join(texts))  # a row per blank-line-separated paragraph
-    elif form == "arrow":
-        table.save_to_disk(str(tmp_path / "saved"))
-        path = next((tmp_path / "saved").glob("*.arrow"))
-    else:
-        table.save_to_disk(str(path))
+    path = write_texts(tmp_path, form, texts)
     dataset = PackedDataset(DataSource(files=str(path), overlong="split"), tokenizer, seq_len=512, infinite=False)
     [(sample, labels)] = list(dataset)
     eos = tokenizer.eos_id

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY, launch, read_jsonl
+from test_data import write_jsonl, write_texts
 from test_resume import kill_9_after_checkpoint
 
 from qwen3_neuron.assets.build import stdlib_docstrings
@@ -150,30 +151,13 @@ MIX_FORMS = ("json", "csv", "parquet", "arrow", "save_to_disk")
 def _write_sources(folder: Path, texts: list[str]) -> list[str]:
     """The texts split over one source per form of MIX_FORMS and a hub-cache data set, written as
     `datasets` writes them (as `hf download ... --repo-type dataset` leaves the last one)."""
-    import datasets
-
     parts = [texts[i :: len(MIX_FORMS) + 1] for i in range(len(MIX_FORMS) + 1)]
-    sources = []
-    for form, part in zip(MIX_FORMS, parts):
-        table, path = datasets.Dataset.from_dict({"text": part}), folder / f"{form}.{form}"
-        if form == "json":
-            path.write_text(json.dumps([{"text": t} for t in part]))
-        elif form == "csv":
-            table.to_csv(str(path), index=False)
-        elif form == "parquet":
-            table.to_parquet(str(path))
-        elif form == "arrow":
-            table.save_to_disk(str(folder / "for_arrow"))
-            path = next((folder / "for_arrow").glob("*.arrow"))
-        else:
-            table.save_to_disk(str(path))
-        sources.append(f"{{files:'{path}',weight:1}}")
+    sources = [f"{{files:'{write_texts(folder, form, part)}',weight:1}}" for form, part in zip(MIX_FORMS, parts)]
     repo = folder / "hub" / "datasets--acme--docstrings"
     (repo / "snapshots" / "abc123").mkdir(parents=True)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("abc123")
-    rows = "".join(json.dumps({"text": t}) + "\n" for t in parts[-1])
-    (repo / "snapshots" / "abc123" / "train.jsonl").write_text(rows)
+    write_jsonl(repo / "snapshots" / "abc123" / "train.jsonl", [{"text": t} for t in parts[-1]])
     return [*sources, "{hf_dataset:acme/docstrings,weight:1}"]
 
 

@@ -19,8 +19,9 @@ from hydra import compose, initialize_config_dir
 
 from qwen3_neuron.config import hydra_setup as project_compose
 from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.config.record import training_dtype
 from qwen3_neuron.launch.progress import Progress
-from qwen3_neuron.report.peak_flops import PeakFlops, cache_path, peak_flops, training_dtype
+from qwen3_neuron.report.peak_flops import PeakFlops, cache_path, peak_flops
 from qwen3_neuron.report.summary import JobFailed, crash_error, summarize, sweep_job_value
 from qwen3_neuron.report.sweep_table import COLUMNS, read_overrides, write_report
 

@@ -41,7 +41,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from qwen3_neuron.config.record import training_dtype
 from qwen3_neuron.run_dir import PEAK_FLOPS_FILE, write_json
 
 PEAK_CACHE_FILE = "peak_flops.json"
@@ -82,13 +81,9 @@ class PeakFlops:
 # ---- launcher side ---------------------------------------------------------------------------
 
 
-def peak_for_plan(plan) -> PeakFlops:
-    """The per-rank peak for a planned job (cached, or measured now)."""
-    return peak_for_run(plan.device, training_dtype(plan.trainer_config), plan.env)
-
-
 def peak_for_run(device: str, dtype: str, env: dict[str, str]) -> PeakFlops:
-    """The per-rank peak for `device` at `dtype` with the workers' environment `env`."""
+    """The per-rank peak for `device` at `dtype` with the workers' environment `env` (cached, or
+    measured now)."""
     threads = None
     if device == "cpu":
         threads = int(env.get("OMP_NUM_THREADS") or 0) or None
