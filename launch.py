@@ -31,5 +31,6 @@ if __name__ == "__main__":
     sys.argv = experiment_without_plus(sys.argv)
     main()
     from qwen3_neuron.launch.job import exit_code
+    from qwen3_neuron.process_exit import exit_without_teardown
 
-    sys.exit(exit_code())
+    exit_without_teardown(exit_code())

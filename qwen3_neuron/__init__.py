@@ -8,5 +8,6 @@ Two sides of one boundary (torchrun's):
     report/   summary, sweep table
 
 Both sides use `models/`, `devices/`, `kernels/` (what torchtitan builds and runs) and agree on
-the files of a run dir through `run_dir.py`; `errors.py` holds the error classes.
+the files of a run dir through `run_dir.py`; `errors.py` holds the error classes;
+`process_exit.py` ends a finished worker or launcher without the interpreter's teardown.
 """

@@ -122,3 +122,20 @@ def test_a_waiting_worker_stops_when_the_plan_failed_or_the_launcher_is_gone(tmp
         handoff.wait_until_ready(tmp_path)
     assert stopped.value.code == PLAN_FAILED_EXIT
     assert handoff.wait_for_plan(tmp_path, alive=lambda: True) == "training.steps must be a positive integer, got 0."
+
+
+def test_a_finished_process_skips_the_teardown_but_runs_its_exit_handlers_and_flushes(tmp_path):
+    """How a worker (and launch.py) ends once its run is done: with its code, the libraries' exit
+    handlers run (here: a temporary dir's cleanup and a handler of its own), its output flushed."""
+    script = f"""
+import atexit, pathlib, sys, tempfile
+from qwen3_neuron.process_exit import exit_without_teardown
+temporary = tempfile.TemporaryDirectory(dir={str(tmp_path)!r})
+atexit.register(pathlib.Path({str(tmp_path / "handler_ran")!r}).touch)
+sys.stdout.write("not flushed yet")
+exit_without_teardown(3)
+print("never printed")
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
+    assert (result.returncode, result.stdout) == (3, "not flushed yet")
+    assert [path.name for path in tmp_path.iterdir()] == ["handler_ran"]

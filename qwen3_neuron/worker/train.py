@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from qwen3_neuron.devices.fixes import install
+from qwen3_neuron.process_exit import exit_without_teardown
 from qwen3_neuron.run_dir import FAILURE_FILE, Handoff, complete_steps, read_job, write_data_stats
 
 
@@ -112,3 +113,4 @@ def _record_failure(run_dir: Path, error: Exception, config) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    exit_without_teardown(0)  # a failed run raised above: it exits as usual, non-zero
