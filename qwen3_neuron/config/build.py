@@ -124,12 +124,10 @@ def _model_spec(settings: Settings, model_dir: HFModelDir | None):
 
 def _base_model_spec(settings: Settings, model_dir: HFModelDir | None):
     model = settings.model
-    moe_changes = {"num_experts": model.num_experts, "top_k": model.top_k, "moe_hidden_dim": model.moe_hidden_dim}
     if model.kind == "moe":
-        return moe_model_spec(model.flavor, **moe_changes)
-    stray = [key for key, value in moe_changes.items() if value is not None]
-    if stray:
-        raise ConfigError(f"model.{stray[0]} applies to model=moe only (this is model={model.kind}).")
+        return moe_model_spec(
+            model.flavor, num_experts=model.num_experts, top_k=model.top_k, moe_hidden_dim=model.moe_hidden_dim
+        )
     if model.kind == "native":
         return native_model_spec(model.flavor)
     return hf_model_spec(model_dir, model.flavor)

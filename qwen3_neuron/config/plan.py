@@ -26,7 +26,7 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron.config import layout
 from qwen3_neuron.config.build import build_trainer_config
 from qwen3_neuron.config.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
-from qwen3_neuron.config.settings import Settings, parse_settings
+from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
 from qwen3_neuron.config.static_shapes import check_static_shapes
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.data.checks import check_data
@@ -100,6 +100,7 @@ def make_plan(
     settings = parse_settings(composed)
     launch = launch or worker_launch(settings, run_dir)
     device, nproc = launch.device, launch.nproc_per_node
+    check_settings(settings, device)
     # a dry run may plan for a device that is not here: say so, and skip what only it can check
     missing = devices.unavailable_reason(device) if settings.run.dry_run else None
     notes = [f"device={device} is not here ({missing}) - dry run: planned for it, not checked"] if missing else []
@@ -107,7 +108,6 @@ def make_plan(
     model_dir = open_model_dir(model.hf_model, model.trust_remote_code, model_dir) if model.kind == "hf" else None
     config = build_trainer_config(composed, run_dir, device, model_dir)
     world_size = nproc * settings.run.nnodes
-    _check_kernels_device(settings, device)
     _check_positive(config)
     _check_worker_modes(config, world_size)
     replacements, unapplied = _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes)
@@ -223,15 +223,6 @@ def _job(
     if model_dir is not None:
         job["model"] = {**composed["model"], "hf_model": str(model_dir.path)}
     return job
-
-
-def _check_kernels_device(settings: Settings, device: str) -> None:
-    kernels = settings.kernels
-    if device not in kernels.devices:
-        raise ConfigError(
-            f"kernels={kernels.name} needs device {' or '.join(kernels.devices)}, "
-            f"but the device is {device}. Use kernels=none or kernels=blockwise here."
-        )
 
 
 def _check_worker_modes(config: Trainer.Config, world_size: int) -> None:

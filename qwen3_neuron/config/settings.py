@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from qwen3_neuron.config.fields import apply_fields
+from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
 
 
@@ -254,3 +255,43 @@ def parse_settings(composed: Mapping[str, Any]) -> Settings:
     return Settings(
         **{name: apply_fields(cls(), composed.get(name) or {}, name) for name, cls in SECTIONS.items()}
     )
+
+
+def check_settings(settings: Settings, device: str) -> None:
+    """What the framework's own sections get wrong by themselves, on `device` (the resolved one).
+    Needs no torchtitan: the launcher checks it before torchrun starts, so such a mistake is
+    named in a second; the plan checks it again for the runs it makes in the launcher."""
+    model = settings.model
+    moe_keys = {"num_experts": model.num_experts, "top_k": model.top_k, "moe_hidden_dim": model.moe_hidden_dim}
+    stray = [key for key, value in moe_keys.items() if value is not None]
+    if model.kind != "moe" and stray:
+        raise ConfigError(f"model.{stray[0]} applies to model=moe only (this is model={model.kind}).")
+    kernels = settings.kernels
+    if device not in kernels.devices:
+        raise ConfigError(
+            f"kernels={kernels.name} needs device {' or '.join(kernels.devices)}, "
+            f"but the device is {device}. Use kernels=none or kernels=blockwise here."
+        )
+    if settings.finetune.method == "lora":
+        _check_lora_numbers(settings.finetune)
+
+
+def _check_lora_numbers(finetune: FinetuneSettings) -> None:
+    """What LoRA refuses whatever the model: unknown names, rank <= 0, dropout outside [0, 1)."""
+    unknown = [name for name in finetune.target_modules if name not in HF_PROJECTIONS]
+    if unknown:
+        raise ConfigError(
+            f"finetune.target_modules: unknown module {', '.join(map(repr, unknown))}. "
+            f"Valid (Hugging Face names): {', '.join(HF_PROJECTIONS)}."
+        )
+    if not finetune.target_modules:
+        raise ConfigError(f"finetune.target_modules is empty: name at least one of {', '.join(HF_PROJECTIONS)}.")
+    if finetune.rank <= 0:
+        raise ConfigError(f"finetune.rank must be a positive integer, got {finetune.rank}.")
+    if not finetune.alpha > 0:
+        raise ConfigError(f"finetune.alpha must be > 0, got {finetune.alpha}.")
+    if not 0.0 <= finetune.dropout < 1.0:
+        raise ConfigError(
+            f"finetune.dropout must be in [0, 1) (the probability of dropping an adapter input), "
+            f"got {finetune.dropout}."
+        )

@@ -108,27 +108,6 @@ def hf_to_titan_names(model_config) -> dict[str, str]:
     return {hf: titan for hf, titan in {**qkv, **_OTHERS}.items() if titan in present}
 
 
-def check_settings(finetune) -> None:
-    """What the plan refuses whatever the model: unknown names, rank <= 0, dropout outside [0, 1)."""
-    unknown = [name for name in finetune.target_modules if name not in HF_PROJECTIONS]
-    if unknown:
-        raise ConfigError(
-            f"finetune.target_modules: unknown module {', '.join(map(repr, unknown))}. "
-            f"Valid (Hugging Face names): {', '.join(HF_PROJECTIONS)}."
-        )
-    if not finetune.target_modules:
-        raise ConfigError(f"finetune.target_modules is empty: name at least one of {', '.join(HF_PROJECTIONS)}.")
-    if finetune.rank <= 0:
-        raise ConfigError(f"finetune.rank must be a positive integer, got {finetune.rank}.")
-    if not finetune.alpha > 0:
-        raise ConfigError(f"finetune.alpha must be > 0, got {finetune.alpha}.")
-    if not 0.0 <= finetune.dropout < 1.0:
-        raise ConfigError(
-            f"finetune.dropout must be in [0, 1) (the probability of dropping an adapter input), "
-            f"got {finetune.dropout}."
-        )
-
-
 def titan_targets(finetune, model_config) -> tuple[list[str], list[str]]:
     """(torchtitan module names to convert, HF names that match nothing in this model)."""
     names = hf_to_titan_names(model_config)
@@ -202,7 +181,6 @@ def with_lora(spec: ModelSpec, finetune) -> ModelSpec:
     """The spec with LoRA applied to its model config, as `model_registry(..., converters=[...])`
     does (the converter order check, then `convert`): base configs frozen, targets LoRALinear.
     model=hf: the config keeps the converter for the model to apply (`add_hf_adapters`)."""
-    check_settings(finetune)
     spec = copy.copy(spec)
     if spec.name == HF_BACKEND_NAME:
         spec.model = spec.model.with_lora(_converter_config(finetune, list(finetune.target_modules)))

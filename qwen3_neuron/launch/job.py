@@ -32,7 +32,7 @@ from omegaconf.errors import OmegaConfBaseException
 from qwen3_neuron.config.hydra_setup import register_resolvers
 from qwen3_neuron.config.record import record_plan
 from qwen3_neuron.config.resume import resumed_config
-from qwen3_neuron.config.settings import Settings, parse_settings
+from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.errors import ConfigError, ExportError
 from qwen3_neuron.hf_io.export import export_after_training
@@ -157,6 +157,7 @@ def _start_early(settings: Settings, run_dir: Path, composed: dict, model_dir: H
     if run.dry_run or run.show_data or run.resume:
         return None
     launch = worker_launch(settings, run_dir)
+    check_settings(settings, launch.device)  # no torchtitan needed: named before anything starts
     request = {
         "composed": composed,
         "launch": dataclasses.asdict(launch),
