@@ -21,8 +21,9 @@ by local rank 0 once it has imported torchtitan (which the launcher then never i
 handoff (`HANDOFF_ENV`: the device, a token for this launch and its pid) and writes what to plan
 (`.plan_request.<token>.json`: the composed config, the torchrun command, model=hf's dir). Local
 rank 0 plans and records (job.yaml ...), then writes `.plan_ready.<token>` (the `PlannedRun` the
-launcher reports with) or `.plan_error.<token>` (the config error); the other ranks wait for the
-first, and every rank stops at the second or when the launcher is gone. One set of files per
+launcher reports with) or `.plan_error.<token>` (the config error). The launcher, once it has
+written what the workers read when they build (peak_flops.json: measured while they wait), writes
+`.plan_go.<token>`; every rank waits for it, and stops at a plan error or when the launcher is gone. One set of files per
 launch: the nodes of a multi-node job may share the run dir. A worker run by hand from a
 recorded run dir has no handoff and reads job.yaml at once.
 """
@@ -98,7 +99,7 @@ class Handoff:
         return cls(**json.loads(value)) if value else None
 
     def files(self, run_dir: Path) -> dict[str, Path]:
-        return {kind: run_dir / f".plan_{kind}.{self.token}" for kind in ("request", "ready", "error")}
+        return {kind: run_dir / f".plan_{kind}.{self.token}" for kind in ("request", "ready", "error", "go")}
 
     # ---- launcher
     def request_plan(self, run_dir: Path, request: dict[str, Any]) -> None:
@@ -117,6 +118,10 @@ class Handoff:
                 return None
             time.sleep(_PLAN_POLL_SECONDS)
 
+    def let_workers_build(self, run_dir: Path) -> None:
+        """After the plan, once the run dir holds what the workers read when they build."""
+        _write_atomically(self.files(run_dir)["go"], "")
+
     def remove_files(self, run_dir: Path) -> None:
         for path in self.files(run_dir).values():
             path.unlink(missing_ok=True)
@@ -132,11 +137,11 @@ class Handoff:
     def plan_failed(self, run_dir: Path, message: str) -> None:
         _write_atomically(self.files(run_dir)["error"], message)
 
-    def wait_until_ready(self, run_dir: Path) -> None:
-        """The other ranks: return once local rank 0 recorded the plan; exit if it failed or the
-        launcher is gone."""
+    def wait_for_go(self, run_dir: Path) -> None:
+        """Every rank: return once the launcher lets the workers build (local rank 0 recorded the
+        plan); exit if the plan failed or the launcher is gone."""
         files = self.files(run_dir)
-        while not files["ready"].exists():
+        while not files["go"].exists():
             if files["error"].exists():
                 raise SystemExit(PLAN_FAILED_EXIT)
             try:

@@ -360,3 +360,19 @@ def test_the_sweep_table_reads_overrides_as_hydra_parses_them(tmp_path):
         "optimizer.lr": "0.001",
         "run.objective": "'final_loss'",  # as typed: Hydra keeps a quoted string quoted
     }
+
+
+def test_progress_shows_what_the_workers_logged_before_it_started_but_not_an_earlier_launchs(tmp_path):
+    """Workers started before the plan may log steps before the launcher starts the line; a resumed
+    run's metrics.jsonl holds the killed launch's steps, which are not this launch's."""
+    metrics = tmp_path / "metrics.jsonl"
+    earlier = json.dumps({"step": 9, "loss": 1.0, "elapsed_seconds": 9.0}) + "\n"
+    metrics.write_text(earlier)
+    out = io.StringIO()
+    progress = Progress(metrics, total_steps=12, label="#7", stream=out, earlier_bytes=len(earlier))
+    with open(metrics, "a") as f:
+        f.write(json.dumps({"step": 10, "loss": 2.0, "elapsed_seconds": 10.0}) + "\n")
+    progress.start()
+    progress.stop()
+    assert out.getvalue().splitlines()[-1] == "[qwen3-neuron] #7  step 10/12  loss 2.0000  ETA --"
+    assert "step 9" not in out.getvalue()

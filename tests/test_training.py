@@ -115,11 +115,11 @@ def test_a_waiting_worker_stops_when_the_plan_failed_or_the_launcher_is_gone(tmp
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     with pytest.raises(SystemExit, match=f"launcher \\(pid {gone.pid}\\) exited before the plan was ready"):
-        Handoff("cpu", "token", gone.pid).wait_until_ready(tmp_path)
+        Handoff("cpu", "token", gone.pid).wait_for_go(tmp_path)
     handoff = Handoff("cpu", "token", os.getpid())
     handoff.plan_failed(tmp_path, "training.steps must be a positive integer, got 0.")
     with pytest.raises(SystemExit) as stopped:
-        handoff.wait_until_ready(tmp_path)
+        handoff.wait_for_go(tmp_path)
     assert stopped.value.code == PLAN_FAILED_EXIT
     assert handoff.wait_for_plan(tmp_path, alive=lambda: True) == "training.steps must be a positive integer, got 0."
 

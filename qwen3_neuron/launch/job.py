@@ -112,6 +112,8 @@ class _Workers:
     def __init__(self, launch: WorkerLaunch, run_dir: Path, verbose: bool, plan_request: dict | None = None):
         self.launch, self.run_dir = launch, run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
+        metrics = run_dir / METRICS_FILE
+        self.earlier_metrics_bytes = metrics.stat().st_size if metrics.exists() else 0  # a resumed run's
         env = dict(launch.env)
         self.handoff = None
         if plan_request is not None:
@@ -133,7 +135,10 @@ class _Workers:
         return planned
 
     def go(self, progress: Progress | None) -> LaunchResult:
-        """Wait for torchrun to exit; the plan files go with it."""
+        """Let the workers build (the run dir holds what they read: peak_flops.json), wait for
+        torchrun to exit; the plan files go with it."""
+        if self.handoff is not None:
+            self.handoff.let_workers_build(self.run_dir)
         try:
             return self.torchrun.wait(progress)
         finally:
@@ -201,7 +206,11 @@ class _Job:
         """`trainer_config`: the plan's, when it was made here (else rebuilt from the record for an export)."""
         run = settings.run
         write_run_dir_peak(self.run_dir, peak_for_run(launch.device, planned.dtype, launch.env), planned.world_size)
-        progress = None if run.verbose else Progress(self.run_dir / METRICS_FILE, planned.steps, self.label)
+        progress = None
+        if not run.verbose:
+            progress = Progress(
+                self.run_dir / METRICS_FILE, planned.steps, self.label, earlier_bytes=workers.earlier_metrics_bytes
+            )
         start = time.time()
         result = workers.go(progress)
         if run.node_rank > 0:  # multi-node: node 0 exports, checks and writes the job's summary

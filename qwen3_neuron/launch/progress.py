@@ -26,13 +26,18 @@ PREFIX = "[qwen3-neuron]"
 
 
 class Progress:
-    def __init__(self, metrics_path: Path, total_steps: int, label: str = "", stream: TextIO | None = None):
+    def __init__(
+        self, metrics_path: Path, total_steps: int, label: str = "", stream: TextIO | None = None, earlier_bytes: int = 0
+    ):
+        """`earlier_bytes`: the size of metrics.jsonl before this launch's torchrun started (a
+        resumed run appends to it), not shown. What the workers logged since is, even when they
+        logged it before the line started."""
         self._path = Path(metrics_path)
         self._total = total_steps
         self._label = label
         self._stream = stream or sys.stdout
         self._tty = self._stream.isatty()
-        self._offset = 0  # bytes of metrics.jsonl already read
+        self._offset = earlier_bytes  # bytes of metrics.jsonl already read
         self._pending = b""  # a line the writer has not finished yet
         self._first: dict[str, Any] | None = None
         self._last: dict[str, Any] | None = None
@@ -51,8 +56,6 @@ class Progress:
 
     def start(self) -> None:
         self._start = time.monotonic()
-        # a resumed run appends to its metrics.jsonl: show this launch's steps only
-        self._offset = self._path.stat().st_size if self._path.exists() else 0
         if not self._tty:
             self._emit(self.line())  # "starting": a pipe sees the job begin
         self._thread.start()

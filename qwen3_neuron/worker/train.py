@@ -36,11 +36,10 @@ def main(run_dir: Path) -> None:
     from qwen3_neuron.worker.plan import plan_for_the_launcher
     from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
 
-    if handoff:  # started before the plan: local rank 0 makes it, the other ranks wait for it
+    if handoff:  # started before the plan: local rank 0 makes it; every rank builds once the launcher says go
         if os.environ.get("LOCAL_RANK") == "0":
             plan_for_the_launcher(run_dir, handoff)
-        else:
-            handoff.wait_until_ready(run_dir)
+        handoff.wait_for_go(run_dir)
     job = read_job(run_dir)
     init_logger()
     config = build_trainer_config(job, run_dir, device)
