@@ -9,6 +9,8 @@ same CPU fixes), and `launch.py` with the same values as Hydra overrides. Runs a
 
 - tokens/s per device: the median of torchtitan's own `tps` over steps >= 2, median over repeats
 - time to first step: process start -> torchtitan's `step:  1` line, median over repeats
+- end of run: the last `step:` line -> the command's exit (launch.py also writes its summary;
+  its workers skip the interpreter's teardown), median over repeats
 - dry run: `launch.py run.dry_run=true` wall time minus the time to import torchtitan
 - config errors: wall time of a launch that stops on a typo, per typo (the first two need no
   torchtitan import to be found, the third does)
@@ -71,14 +73,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     settings = shared_settings(args.steps)
-    results: dict[str, list[tuple[float, float]]] = {"bare": [], "launch": []}
+    results: dict[str, list[tuple[float, float, float]]] = {"bare": [], "launch": []}  # first step, tps, end
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         for repeat in range(args.repeats):
-            results["bare"].append(timed_training(bare_command(settings), scratch)[:2])
-            run_dir = scratch / f"launch-{repeat}"
-            results["launch"].append(timed_training(launch_command(settings, run_dir, SELECTION), REPO)[:2])
-            print(f"repeat {repeat}: bare {results['bare'][-1]}, launch {results['launch'][-1]}", flush=True)
+            bare = timed_training(bare_command(settings), scratch)
+            results["bare"].append((bare.first_step_s, bare.tps, bare.last_step_to_exit_s))
+            launch = timed_training(launch_command(settings, scratch / f"launch-{repeat}", SELECTION), REPO)
+            results["launch"].append((launch.first_step_s, launch.tps, launch.last_step_to_exit_s))
+            print(f"repeat {repeat}: (first step s, tokens/s, end s) bare {results['bare'][-1]}, "
+                  f"launch {results['launch'][-1]}", flush=True)  # fmt: skip
         dry_run = [
             wall_seconds([*launch_command(settings, scratch / f"dry-{i}", SELECTION), "run.dry_run=true"])
             for i in range(3)
@@ -102,6 +106,7 @@ def main() -> None:
 
     tps_ratio = median_of("launch", 1) / median_of("bare", 1)
     first_step_ratio = median_of("launch", 0) / median_of("bare", 0)
+    end_ratio = median_of("launch", 2) / median_of("bare", 2)
     dry_run_extra = statistics.median(dry_run) - statistics.median(imports)
     print(
         f"tokens/s per device   bare {median_of('bare', 1):8.0f}  launch.py {median_of('launch', 1):8.0f}"
@@ -110,6 +115,10 @@ def main() -> None:
     print(
         f"time to first step s  bare {median_of('bare', 0):8.2f}  launch.py {median_of('launch', 0):8.2f}"
         f"  ratio {first_step_ratio:.3f}  (target <= 1.25)"
+    )
+    print(
+        f"end of run s          bare {median_of('bare', 2):8.2f}  launch.py {median_of('launch', 2):8.2f}"
+        f"  ratio {end_ratio:.3f}"
     )
     print(
         f"dry run s             {statistics.median(dry_run):.2f}  import torchtitan {statistics.median(imports):.2f}"

@@ -94,6 +94,7 @@ class Timing(NamedTuple):
     tflops: float | None  # median TFLOP/s per device over the same steps
     wall_s: float  # the whole command
     losses: tuple[float, ...]  # every logged step's loss, warm-up included
+    last_step_to_exit_s: float  # the last `step:` line -> the command's exit (the run's end: save, report, teardown)
 
 
 class RunFailed(RuntimeError):
@@ -108,7 +109,7 @@ def timed_training(
     The whole output goes to `log` when given. A run past `timeout_s` is killed (its whole process
     group: torchrun and its workers) and raises RunFailed, as does a failed one."""
     start = time.perf_counter()
-    first_step, timed, losses = None, [], []
+    first_step, last_step, timed, losses = None, None, [], []
     process = subprocess.Popen(
         command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -124,6 +125,7 @@ def timed_training(
             if step is None:
                 continue
             losses.append(step.loss)
+            last_step = time.perf_counter() - start
             if step.step == 1 and first_step is None:
                 first_step = time.perf_counter() - start
             if step.step > warmup:
@@ -143,4 +145,5 @@ def timed_training(
         statistics.median(tflops) if tflops else None,
         wall,
         tuple(losses),
+        wall - last_step,
     )
