@@ -22,9 +22,9 @@ handoff (`HANDOFF_ENV`: the device, a token for this launch and its pid) and wri
 (`.plan_request.<token>.json`: the composed config, the torchrun command, model=hf's dir). Local
 rank 0 plans and records (job.yaml ...), then writes `.plan_ready.<token>` (the `PlannedRun` the
 launcher reports with) or `.plan_error.<token>` (the config error). The launcher, once it has
-written what the workers read when they build (peak_flops.json: measured while they wait), writes
-`.plan_go.<token>`; every rank waits for it, and stops at a plan error or when the launcher is gone. One set of files per
-launch: the nodes of a multi-node job may share the run dir. A worker run by hand from a
+written what the workers read when they build (peak_flops.json: measured while they wait),
+writes `.plan_go.<token>`; every rank waits for it, and stops at a plan error or when the
+launcher is gone. One set of files per launch: the nodes of a multi-node job may share the run dir. A worker run by hand from a
 recorded run dir has no handoff and reads job.yaml at once.
 """
 

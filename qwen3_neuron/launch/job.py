@@ -100,7 +100,6 @@ def run_job(cfg: DictConfig) -> float | None:
         if not isinstance(e, (ConfigError, OmegaConfBaseException)):
             raise
         return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
-    workers = workers or _Workers(launch, job.run_dir, settings.run.verbose)
     return job.train(settings, launch, planned, workers, trainer_config)
 
 
@@ -201,11 +200,20 @@ class _Job:
         )
 
     def train(
-        self, settings: Settings, launch: WorkerLaunch, planned: PlannedRun, workers: _Workers, trainer_config=None
+        self,
+        settings: Settings,
+        launch: WorkerLaunch,
+        planned: PlannedRun,
+        workers: _Workers | None,
+        trainer_config=None,
     ) -> float | None:
-        """`trainer_config`: the plan's, when it was made here (else rebuilt from the record for an export)."""
+        """`workers`: started before the plan, waiting for go (None: the plan was made here, they
+        start now). `trainer_config`: the plan's, when it was made here (else rebuilt from the
+        record for an export)."""
         run = settings.run
+        # before any worker builds: their metrics compute MFU against it
         write_run_dir_peak(self.run_dir, peak_for_run(launch.device, planned.dtype, launch.env), planned.world_size)
+        workers = workers or _Workers(launch, self.run_dir, run.verbose)
         progress = None
         if not run.verbose:
             progress = Progress(
