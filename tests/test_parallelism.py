@@ -290,9 +290,11 @@ def test_run_keys_reach_the_torchrun_command(tmp_path, assets):
     assert "--rdzv-endpoint=10.0.0.1:29555" in plan.command and "--node-rank=1" in plan.command
     with pytest.raises(ConfigError, match="run.nnodes=2 needs run.rdzv_endpoint"):
         plan_for(tmp_path, "run.nnodes=2")
-    # a numeric id (a SLURM job id, or a uuid prefix of digits only), which Hydra reads as an int
-    numeric = plan_for(tmp_path, "run.nnodes=2", "run.rdzv_endpoint=h:1", "run.rdzv_id=19067173", "run.nproc_per_node=1")
-    assert "--rdzv-id=19067173" in numeric.command
+    # a numeric id (a SLURM job id, or a uuid prefix of digits only), which Hydra reads as an int,
+    # or a uuid prefix such as 0e123456, which it reads as the float 0.0
+    for text, passed in [("19067173", "19067173"), ("0e123456", "0.0")]:
+        numeric = plan_for(tmp_path, "run.nnodes=2", "run.rdzv_endpoint=h:1", f"run.rdzv_id={text}", "run.nproc_per_node=1")  # fmt: skip
+        assert f"--rdzv-id={passed}" in numeric.command
 
 
 # ---- integration: layouts train on 2 CPU ranks like 1 rank on the same global batch ----------

@@ -94,9 +94,10 @@ class RunSettings:
     """host:port of the c10d rendezvous on node 0, the same on every node; needed when nnodes > 1.
     null with one node: torchrun --standalone."""
 
-    rdzv_id: str | int = "qwen3_neuron"
+    rdzv_id: str | int | float = "qwen3_neuron"
     """Rendezvous id, the same on every node of one job (SLURM: slurm-<job id>). A number is
-    taken as well: Hydra reads `run.rdzv_id=$SLURM_JOB_ID` as an int."""
+    taken as well: Hydra reads `run.rdzv_id=$SLURM_JOB_ID` as an int and a uuid prefix such as
+    0e123456 as a float, and every node reads the same text the same way."""
 
     max_restarts: int = 0
     """torchrun restarts of all workers after a failure (they resume from the newest checkpoint
