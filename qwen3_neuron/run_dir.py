@@ -4,6 +4,7 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/job.yaml            the resolved composed config; workers rebuild from it
     <run dir>/.plan_*.<token>     the plan's request, result or error while torchrun starts (below)
     <run dir>/failure.json        rank 0's error and last good checkpoint, when training raised
+    <run dir>/export.json         rank 0's HF export: the summary's export_dir (adapter_dir), or its error
     <run dir>/train.log           torchrun's whole output
     <run dir>/ranks/              torchrun's per-rank logs
     <run dir>/metrics.jsonl       one record per logged step (rank that torchtitan picks)
@@ -39,6 +40,7 @@ from typing import Any
 
 JOB_FILE = "job.yaml"
 FAILURE_FILE = "failure.json"
+EXPORT_FILE = "export.json"
 LOG_FILE = "train.log"
 RANKS_LOG_DIR = "ranks"
 METRICS_FILE = "metrics.jsonl"
@@ -67,7 +69,7 @@ class PlannedRun:
     vocab_size: int  # the first-loss check's reference, ln(vocab_size)
     weights_loaded: bool  # the run starts from initial weights
     dtype: str  # the matmuls' dtype, for the peak FLOPs
-    exports_hf: bool  # the last save is in HF: the launcher exports after training
+    exports_hf: bool  # the last save is in HF: global rank 0 exports after training (EXPORT_FILE)
 
     def replacements_by_override(self) -> dict[str, list[str]]:
         """{override target: ["fqn Old -> New", ...]}, for the summary."""

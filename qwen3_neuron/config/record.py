@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from qwen3_neuron.hf_io.export import exports_hf
-from qwen3_neuron.run_dir import FAILURE_FILE, JOB_FILE, MEMORY_ESTIMATE_FILE, PlannedRun, write_json
+from qwen3_neuron.run_dir import EXPORT_FILE, FAILURE_FILE, JOB_FILE, MEMORY_ESTIMATE_FILE, PlannedRun, write_json
 
 PACKAGES = ("torch", "torchtitan", "transformers", "hydra-core", "omegaconf", "safetensors", "tokenizers")
 
@@ -60,7 +60,8 @@ def training_dtype(trainer_config) -> str:
 
 def write_record(run_dir: Path, job: dict[str, Any], plan) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / FAILURE_FILE).unlink(missing_ok=True)  # a resumed run starts with a clean slate
+    for earlier in (FAILURE_FILE, EXPORT_FILE):  # a resumed run starts with a clean slate
+        (run_dir / earlier).unlink(missing_ok=True)
     OmegaConf.save(OmegaConf.create(job), run_dir / JOB_FILE)
     (run_dir / "trainer_config.json").write_text(
         json.dumps(plan.trainer_config.to_dict(), indent=2, default=repr) + "\n"

@@ -4,7 +4,7 @@ torchtitan's last HF save (checkpointing=export_hf) goes through the model's sta
 whose `to_hf` knows no `lora_a`/`lora_b` keys and drops them: the save holds the frozen base
 only. So every rank gathers the adapters (rank x (in + out) per projection: small) and rank 0
 writes them, under torchtitan's own keys, into that save's step dir
-(`step-N/lora/adapter.safetensors`), where the launcher's export (`finetune.export`) turns them
+(`step-N/lora/adapter.safetensors`), where rank 0's export (`hf_io.adapter_export`) turns them
 into PEFT's format and merges them into the base.
 """
 

@@ -31,20 +31,12 @@ from qwen3_neuron.finetune.peft_format import (
     merged,
     to_peft,
 )
-from qwen3_neuron.hf_io.export import EXPORT_DIR_NAME, export_hf_model, exports_hf, last_hf_save, remove_hf_save
+from qwen3_neuron.hf_io.export import EXPORT_DIR_NAME, export_hf_model, last_hf_save, remove_hf_save
 
 logger = logging.getLogger(__name__)
 
 ADAPTER_DIR_NAME = "hf_adapter"
 _MERGED_SUBDIR = "merged"  # inside step-N/lora/: the merged safetensors, until linked into hf_export
-
-
-def export_lora_after_training(trainer_config, run_dir: Path, finetune, export_dir: str | None = None) -> dict:
-    """The launcher's call for finetune=lora once torchrun exited 0: the summary's
-    `adapter_dir` and `export_dir` (both None when the run saved nothing in HF)."""
-    if not exports_hf(trainer_config):
-        return {"adapter_dir": None, "export_dir": None}
-    return export_lora(trainer_config, run_dir, finetune, export_dir)
 
 
 def export_lora(trainer_config, run_dir: Path, finetune, export_dir: str | None = None) -> dict[str, str | None]:

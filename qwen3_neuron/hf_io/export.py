@@ -19,7 +19,8 @@ leaves a dir that looks complete. The consumed `step-N` HF save is then deleted:
 would otherwise take it for a resumable checkpoint on a relaunch in the same run dir (its
 `_find_load_step` accepts a step dir holding a safetensors index) and fail to load it as DCP.
 
-Called by the launcher after torchrun exited 0 (see `export_after_training`).
+Called by global rank 0 once every rank has finished training (`export_run`, from
+`worker.train`): that process holds the config and has imported torchtitan already.
 """
 
 from __future__ import annotations
@@ -51,11 +52,21 @@ TOKENIZER_FILES = re.compile(
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
+def export_run(trainer_config, run_dir: Path, finetune, export_dir: str | None = None) -> dict[str, str | None]:
+    """Export a run whose last save is in HF; return the summary's fields: `export_dir`, and for
+    finetune=lora `adapter_dir` (`finetune`: the framework's FinetuneSettings)."""
+    if finetune.method == "lora":
+        from qwen3_neuron.hf_io.adapter_export import export_lora  # imports this module
+
+        return export_lora(trainer_config, run_dir, finetune, export_dir)
+    exported = export_after_training(trainer_config, run_dir, export_dir)
+    return {"export_dir": str(exported) if exported else None}
+
+
 def export_after_training(trainer_config, run_dir: Path, export_dir: str | None = None) -> Path | None:
-    """The launcher's call once torchrun exited 0: export when the run saved in HF, else None.
+    """Export when the run saved in HF, else None.
 
     `export_dir` (hf.export_dir): absolute, or relative to the run dir; default `hf_export`.
-    (finetune=lora exports through `adapter_export.export_lora_after_training` instead.)
     """
     if not exports_hf(trainer_config):
         return None

@@ -3,7 +3,7 @@
 torchrun starts as soon as the framework's own settings parse and model=hf's dir is found; its
 local rank 0 makes and records the plan once it has imported torchtitan, and every rank builds
 only then (`run_dir.Handoff`, `worker.plan`). This process never imports torchtitan for such a
-run (a run that exports to HF does, after training). A plan that fails stops the workers and
+run (an HF export is global rank 0's, after training). A plan that fails stops the workers and
 removes what they wrote, so a config error leaves what it always did. Dry runs, `run.show_data`
 and resumed runs plan here first and start nothing early.
 
@@ -34,8 +34,7 @@ from qwen3_neuron.config.record import record_plan
 from qwen3_neuron.config.resume import resumed_config
 from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
-from qwen3_neuron.errors import ConfigError, ExportError
-from qwen3_neuron.hf_io.export import export_after_training
+from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch import slurm
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
@@ -44,7 +43,7 @@ from qwen3_neuron.report.hydra_callbacks import sweep_exit_code
 from qwen3_neuron.report.loss_check import check_first_loss
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, sweep_job_value, sweep_stop_reason, write_summary
-from qwen3_neuron.run_dir import LOG_FILE, METRICS_FILE, RANKS_LOG_DIR, Handoff, PlannedRun, read_job
+from qwen3_neuron.run_dir import EXPORT_FILE, LOG_FILE, METRICS_FILE, RANKS_LOG_DIR, Handoff, PlannedRun, read_json
 
 if TYPE_CHECKING:
     from qwen3_neuron.config.plan import Plan
@@ -71,7 +70,7 @@ def run_job(cfg: DictConfig) -> float | None:
     if stopped_by:
         write_summary(job.run_dir, summarize(job.run_dir, "skipped", 0.0, error=f"not run: {stopped_by}"))
         return None
-    workers, trainer_config = None, None
+    workers = None
     try:
         composed = OmegaConf.to_container(cfg, resolve=True)
         if composed["run"]["resume"]:
@@ -93,14 +92,14 @@ def run_job(cfg: DictConfig) -> float | None:
             if settings.run.show_data:
                 _show_data(plan, settings.run.show_data)
                 return job.finish(0)
-            launch, trainer_config = plan.launch, plan.trainer_config
+            launch = plan.launch
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on
         if workers is not None:
             workers.discard()
         if not isinstance(e, (ConfigError, OmegaConfBaseException)):
             raise
         return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
-    return job.train(settings, launch, planned, workers, trainer_config)
+    return job.train(settings, launch, planned, workers)
 
 
 class _Workers:
@@ -200,16 +199,10 @@ class _Job:
         )
 
     def train(
-        self,
-        settings: Settings,
-        launch: WorkerLaunch,
-        planned: PlannedRun,
-        workers: _Workers | None,
-        trainer_config=None,
+        self, settings: Settings, launch: WorkerLaunch, planned: PlannedRun, workers: _Workers | None
     ) -> float | None:
         """`workers`: started before the plan, waiting for go (None: the plan was made here, they
-        start now). `trainer_config`: the plan's, when it was made here (else rebuilt from the
-        record for an export)."""
+        start now)."""
         run = settings.run
         # before any worker builds: their metrics compute MFU against it
         write_run_dir_peak(self.run_dir, peak_for_run(launch.device, planned.dtype, launch.env), planned.world_size)
@@ -228,12 +221,12 @@ class _Job:
         exit_code, extra = result.returncode, {}
         if result.interrupted_by:
             extra["error"] = f"interrupted by {result.interrupted_by}"
-        if status == "completed" and planned.exports_hf:  # every rank has finished writing: the HF save is complete
-            try:
-                extra.update(_export(settings, launch.device, trainer_config, self.run_dir))
-            except ExportError as e:
-                print(f"[qwen3-neuron] export failed: {e}", file=sys.stderr)
-                status, exit_code, extra["error"] = "failed", 1, f"export failed: {e}"
+        if status == "completed" and planned.exports_hf:  # global rank 0 exported once training ended
+            export = read_json(self.run_dir / EXPORT_FILE) or {"error": f"export failed: rank 0 wrote no {EXPORT_FILE}"}
+            if "error" in export:
+                status, exit_code, extra["error"] = "failed", 1, export["error"]
+            else:
+                extra.update(export)
         summary = summarize(
             self.run_dir, status, time.time() - start,
             exit_code=exit_code, overrides=planned.replacements_by_override(), **planned.parameters, **extra,
@@ -256,21 +249,6 @@ class _Job:
                 summary, run.objective, stop_on_failure=run.stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
             )
         return self.finish(code, value)
-
-
-def _export(settings: Settings, device: str, trainer_config, run_dir: Path) -> dict:
-    """The summary's export fields: `export_dir`, and for finetune=lora `adapter_dir`."""
-    if trainer_config is None:  # planned by the workers: rebuilt from the record, as they did
-        from qwen3_neuron.config.build import build_trainer_config  # imports torchtitan (seconds)
-
-        trainer_config = build_trainer_config(read_job(run_dir), run_dir, device)
-    export_dir, finetune = settings.hf.export_dir, settings.finetune
-    if finetune.method == "lora":
-        from qwen3_neuron.hf_io.adapter_export import export_lora_after_training  # imports torch
-
-        return export_lora_after_training(trainer_config, run_dir, finetune, export_dir)
-    exported = export_after_training(trainer_config, run_dir, export_dir)
-    return {"export_dir": str(exported) if exported else None}
 
 
 def _one_line(summary: dict) -> str:

@@ -5,7 +5,8 @@ the plan made them; workers started before the plan have local rank 0 make it fi
 `worker.plan`), applies the device's compatibility fixes, and runs torchtitan's trainer the way
 `torchtitan.train.main` does: structured logging as `debug.enable_structured_logging` says,
 `comm.mode=local_tensor` skips training, and `checkpoint.create_seed_checkpoint` saves step 0
-instead of training.
+instead of training. A run whose last save is in HF is exported by global rank 0 once every rank
+has written its part (`hf_io.export`), into `export.json` for the launcher's summary.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ from pathlib import Path
 
 from qwen3_neuron.devices.fixes import install
 from qwen3_neuron.process_exit import exit_without_teardown
-from qwen3_neuron.run_dir import FAILURE_FILE, Handoff, complete_steps, read_job, write_data_stats
+from qwen3_neuron.run_dir import (
+    EXPORT_FILE,
+    FAILURE_FILE,
+    Handoff,
+    complete_steps,
+    read_job,
+    write_data_stats,
+    write_json,
+)
 
 
 def main(run_dir: Path) -> None:
@@ -33,6 +42,7 @@ def main(run_dir: Path) -> None:
     from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
     from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
     from qwen3_neuron.finetune.step_seed import seed_each_step
+    from qwen3_neuron.hf_io.export import exports_hf
     from qwen3_neuron.worker.plan import plan_for_the_launcher
     from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
 
@@ -58,6 +68,7 @@ def main(run_dir: Path) -> None:
         logger.info("Local tensor mode enabled - skipping training execution")
         return
     trainer = None
+    exports = exports_hf(config)
     try:
         trainer = config.build()
         if lora and finetune.get("dropout"):
@@ -71,6 +82,8 @@ def main(run_dir: Path) -> None:
             write_measurement(trainer, meter, run_dir)
             if lora:
                 save_adapters_for_export(trainer, config)  # the HF save drops the adapters
+        if exports and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # every rank has written its files of the last HF save
     except Exception as error:  # torchtitan raises on a non-finite loss, naming the step
         _record_failure(run_dir, error, config)
         raise
@@ -82,6 +95,24 @@ def main(run_dir: Path) -> None:
         with sl.log_trace_span("torch_distributed_teardown"):
             torch.distributed.destroy_process_group()
     logger.info("Training finished")
+    if exports and int(os.environ.get("RANK", "0")) == 0:
+        _export(config, job, run_dir)
+
+
+def _export(config, job: dict, run_dir: Path) -> None:
+    """The HF export (LoRA: adapter and merged model), recorded for the launcher's summary: the
+    export's fields, or its error (the run then fails, its checkpoints kept)."""
+    from qwen3_neuron.config.settings import parse_settings
+    from qwen3_neuron.errors import ExportError
+    from qwen3_neuron.hf_io.export import export_run
+
+    settings = parse_settings(job)
+    try:
+        record = export_run(config, run_dir, settings.finetune, settings.hf.export_dir)
+    except ExportError as e:
+        print(f"[qwen3-neuron] export failed: {e}", file=sys.stderr, flush=True)
+        record = {"error": f"export failed: {e}"}
+    write_json(run_dir / EXPORT_FILE, record)
 
 
 def _record_data_stats(trainer, run_dir: Path, logger) -> None:
