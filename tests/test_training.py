@@ -15,7 +15,7 @@ from conftest import REPO, TINY, compose_config, launch, processes_mentioning, r
 
 from qwen3_neuron.config.settings import parse_settings
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.launch.job import _start_early
+from qwen3_neuron.launch.job import _start_workers
 from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
 pytestmark = pytest.mark.integration
@@ -95,20 +95,30 @@ def _steps_logged(run_dir) -> int:
 
 
 def test_local_rank_0_plans_and_a_config_error_it_finds_stops_every_worker(tmp_path, assets):
-    """What the launcher does for every fresh run: torchrun starts before any torchtitan import in
-    the launcher; local rank 0 plans once it has imported torchtitan, the other rank waits. A
-    config error only torchtitan finds comes back to the launcher, and stopping the workers
-    leaves nothing."""
+    """What the launcher does for every run that trains: torchrun starts before any torchtitan
+    import in the launcher; local rank 0 plans once it has imported torchtitan, the other rank
+    waits. A config error only torchtitan finds comes back to the launcher, and stopping the
+    workers removes what they wrote, and only that: here the run dir holds an earlier launch's
+    logs, as a resumed run's does. (A fresh run dir is left empty: test_bad_inputs.py.)"""
     run_dir = tmp_path / "run"
+    earlier_rank_log = run_dir / "ranks" / "earlier_launch" / "attempt_0" / "0" / "stdout.log"
+    earlier_rank_log.parent.mkdir(parents=True)
+    earlier_rank_log.write_text("step 4\n")
+    (run_dir / "train.log").write_text("the earlier launch's output\n")
     composed = compose_config("training.seq_len=4096")  # torchtitan's RoPE bound: the plan's check
-    workers = _start_early(parse_settings(composed), run_dir, composed, None)
+    workers = _start_workers(parse_settings(composed), run_dir, composed, None)
     with pytest.raises(ConfigError, match="training.seq_len=4096 is too long for qwen3 tiny"):
         workers.wait_for_plan()
-    assert PLANNING_LINE in next(run_dir.glob("ranks/*/attempt_0/0/stdout.log")).read_text()
+    this_launch = [p for p in run_dir.glob("ranks/*/attempt_0/0/stdout.log") if p != earlier_rank_log]
+    assert len(this_launch) == 1 and PLANNING_LINE in this_launch[0].read_text()
     assert not (run_dir / "job.yaml").exists()  # nothing recorded, nothing built
     workers.discard()
     assert processes_mentioning(str(run_dir)) == []
-    assert list(run_dir.iterdir()) == []
+    assert sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()) == [
+        "ranks/earlier_launch/attempt_0/0/stdout.log", "train.log",
+    ]  # fmt: skip
+    assert (run_dir / "train.log").read_text() == "the earlier launch's output\n"
+    assert earlier_rank_log.read_text() == "step 4\n"
 
 
 def test_a_waiting_worker_stops_when_the_plan_failed_or_the_launcher_is_gone(tmp_path):

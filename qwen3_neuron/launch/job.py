@@ -4,8 +4,8 @@ torchrun starts as soon as the framework's own settings parse and model=hf's dir
 local rank 0 makes and records the plan once it has imported torchtitan, and every rank builds
 only then (`run_dir.Handoff`, `worker.plan`). This process never imports torchtitan for such a
 run (an HF export is global rank 0's, after training). A plan that fails stops the workers and
-removes what they wrote, so a config error leaves what it always did. Dry runs, `run.show_data`
-and resumed runs plan here first and start nothing early.
+removes what they wrote (a resumed run's earlier logs stay), so a config error leaves what it
+always did. Dry runs and `run.show_data` plan here and start nothing.
 
 A single run and each job of a sweep go through `run_job`. It never exits the process: Hydra's
 job-end callbacks and log flushing run after it, and `exit_code()` decides the launch's exit
@@ -78,47 +78,47 @@ def run_job(cfg: DictConfig) -> float | None:
         composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
         settings = parse_settings(composed)  # the framework's own sections: typos need no torchtitan
         model_dir = find_model_dir(settings.model.hf_model) if settings.model.kind == "hf" else None
-        workers = _start_early(settings, job.run_dir, composed, model_dir)
-        if workers is not None:
-            launch, planned = workers.launch, workers.wait_for_plan()  # local rank 0's plan
-        else:
-            from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
-
-            plan = make_plan(composed, job.run_dir, None, model_dir)
-            planned = record_plan(plan, job.run_dir, [])  # its warnings: printed as it made them
-            if settings.run.dry_run:
-                _print_plan(plan, job.run_dir)
-                return job.finish(0)
-            if settings.run.show_data:
-                _show_data(plan, settings.run.show_data)
-                return job.finish(0)
-            launch = plan.launch
+        if settings.run.dry_run or settings.run.show_data:  # nothing trains: planned here, nothing started
+            return _plan_only(settings, job, composed, model_dir)
+        workers = _start_workers(settings, job.run_dir, composed, model_dir)
+        planned = workers.wait_for_plan()  # local rank 0's plan
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on
         if workers is not None:
             workers.discard()
         if not isinstance(e, (ConfigError, OmegaConfBaseException)):
             raise
         return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
-    return job.train(settings, launch, planned, workers)
+    return job.train(settings, planned, workers)
+
+
+def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModelDir | None) -> float | None:
+    """A dry run or `run.show_data`: the plan, made and recorded here (importing torchtitan)."""
+    from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
+
+    plan = make_plan(composed, job.run_dir, None, model_dir)
+    record_plan(plan, job.run_dir, [])  # its warnings: printed as it made them
+    if settings.run.dry_run:
+        _print_plan(plan, job.run_dir)
+    else:
+        _show_data(plan, settings.run.show_data)
+    return job.finish(0)
 
 
 class _Workers:
-    """This node's torchrun. Started before the plan (`plan_request`: what to plan), its local
-    rank 0 plans and the other ranks wait (`run_dir.Handoff`); started after it, the workers
-    read the recorded plan at once."""
+    """This node's torchrun, started before the plan: its local rank 0 plans (`plan_request`:
+    what to plan) and the other ranks wait (`run_dir.Handoff`)."""
 
-    def __init__(self, launch: WorkerLaunch, run_dir: Path, verbose: bool, plan_request: dict | None = None):
+    def __init__(self, launch: WorkerLaunch, run_dir: Path, verbose: bool, plan_request: dict):
         self.launch, self.run_dir = launch, run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        metrics = run_dir / METRICS_FILE
-        self.earlier_metrics_bytes = metrics.stat().st_size if metrics.exists() else 0  # a resumed run's
-        env = dict(launch.env)
-        self.handoff = None
-        if plan_request is not None:
-            self.handoff = Handoff(launch.device, uuid.uuid4().hex, os.getpid())
-            self.handoff.request_plan(run_dir, plan_request)
-            env.update(self.handoff.to_env())
-        self.torchrun = Torchrun(launch.command, env, run_dir, echo=verbose)
+        # what a resumed run's dir already holds: the progress line skips it, a discard keeps it
+        metrics, log = run_dir / METRICS_FILE, run_dir / LOG_FILE
+        self.earlier_metrics_bytes = metrics.stat().st_size if metrics.exists() else 0
+        self._earlier_log_bytes = log.stat().st_size if log.exists() else None
+        self._earlier_rank_logs = _rank_logs(run_dir)
+        self.handoff = Handoff(launch.device, uuid.uuid4().hex, os.getpid())
+        self.handoff.request_plan(run_dir, plan_request)
+        self.torchrun = Torchrun(launch.command, {**launch.env, **self.handoff.to_env()}, run_dir, echo=verbose)
 
     def wait_for_plan(self) -> PlannedRun:
         """Local rank 0's plan, its warnings printed here; its config error raised here."""
@@ -135,30 +135,37 @@ class _Workers:
     def go(self, progress: Progress | None) -> LaunchResult:
         """Let the workers build (the run dir holds what they read: peak_flops.json), wait for
         torchrun to exit; the plan files go with it."""
-        if self.handoff is not None:
-            self.handoff.let_workers_build(self.run_dir)
+        self.handoff.let_workers_build(self.run_dir)
         try:
             return self.torchrun.wait(progress)
         finally:
-            if self.handoff is not None:
-                self.handoff.remove_files(self.run_dir)
+            self.handoff.remove_files(self.run_dir)
 
     def discard(self) -> None:
-        """The plan failed: stop the workers and remove what torchrun wrote."""
+        """The plan failed: stop the workers and remove what this torchrun wrote (a resumed run's
+        earlier train.log and rank logs stay as they were)."""
         self.torchrun.stop()
-        if self.handoff is not None:
-            self.handoff.remove_files(self.run_dir)
-        (self.run_dir / LOG_FILE).unlink(missing_ok=True)
-        shutil.rmtree(self.run_dir / RANKS_LOG_DIR, ignore_errors=True)
+        self.handoff.remove_files(self.run_dir)
+        log = self.run_dir / LOG_FILE
+        if self._earlier_log_bytes is None:
+            log.unlink(missing_ok=True)
+        else:
+            os.truncate(log, self._earlier_log_bytes)
+        for path in sorted(_rank_logs(self.run_dir) - self._earlier_rank_logs):  # parents first
+            shutil.rmtree(path, ignore_errors=True)
 
 
-def _start_early(settings: Settings, run_dir: Path, composed: dict, model_dir: HFModelDir | None) -> _Workers | None:
-    """torchrun now, with its local rank 0 to plan, for a run that will train in a fresh run dir;
-    None for a dry run, `run.show_data` and a resumed run (its train.log goes on: started after
-    the plan)."""
-    run = settings.run
-    if run.dry_run or run.show_data or run.resume:
-        return None
+def _rank_logs(run_dir: Path) -> set[Path]:
+    """The rank-log dir and what it holds, two levels down: torchrun makes one folder per launch
+    there (per node of a multi-node job: `node<N>/`)."""
+    ranks = run_dir / RANKS_LOG_DIR
+    if not ranks.is_dir():
+        return set()
+    return {ranks, *ranks.glob("*"), *ranks.glob("*/*")}
+
+
+def _start_workers(settings: Settings, run_dir: Path, composed: dict, model_dir: HFModelDir | None) -> _Workers:
+    """torchrun now, with its local rank 0 to plan: before any torchtitan import here."""
     launch = worker_launch(settings, run_dir)
     check_settings(settings, launch.device)  # no torchtitan needed: named before anything starts
     request = {
@@ -166,7 +173,7 @@ def _start_early(settings: Settings, run_dir: Path, composed: dict, model_dir: H
         "launch": dataclasses.asdict(launch),
         "model_dir": {"path": str(model_dir.path), "config": model_dir.config} if model_dir else None,
     }
-    return _Workers(launch, run_dir, run.verbose, request)
+    return _Workers(launch, run_dir, settings.run.verbose, request)
 
 
 def exit_code() -> int:
@@ -198,15 +205,11 @@ class _Job:
             summary, "final_loss", stop_on_failure=stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
         )
 
-    def train(
-        self, settings: Settings, launch: WorkerLaunch, planned: PlannedRun, workers: _Workers | None
-    ) -> float | None:
-        """`workers`: started before the plan, waiting for go (None: the plan was made here, they
-        start now)."""
-        run = settings.run
+    def train(self, settings: Settings, planned: PlannedRun, workers: _Workers) -> float | None:
+        """`workers`: waiting for go once their plan is made."""
+        run, launch = settings.run, workers.launch
         # before any worker builds: their metrics compute MFU against it
         write_run_dir_peak(self.run_dir, peak_for_run(launch.device, planned.dtype, launch.env), planned.world_size)
-        workers = workers or _Workers(launch, self.run_dir, run.verbose)
         progress = None
         if not run.verbose:
             progress = Progress(
