@@ -99,7 +99,8 @@ def test_the_estimate_is_within_a_quarter_of_what_the_default_run_measured(defau
 
 def test_planning_model_hf_leaves_transformers_weight_init_as_it_was(tmp_path, assets):
     # the estimate builds the model through torchtitan's backend, which patches Transformers'
-    # init process-wide; the launcher later loads Transformers models of its own (export check)
+    # init process-wide; local rank 0 plans, then builds, and global rank 0 loads Transformers models
+    # of its own (the export check)
     from transformers import PreTrainedModel
     from transformers.models.qwen3 import modeling_qwen3
 

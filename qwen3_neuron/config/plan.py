@@ -2,8 +2,8 @@
 
 No process is started and no device is touched here, so every config error surfaces before
 anything is built. It runs in local rank 0 of workers the launcher started before planning
-(`worker.plan`: that process imports torchtitan anyway), or in the launcher for a dry run,
-`run.show_data` and a resumed run. The plan builds the config (`config.build`, as the workers will from what it records)
+(`worker.plan`: that process imports torchtitan anyway), or in the launcher for a dry run and
+`run.show_data`. The plan builds the config (`config.build`, as the workers will from what it records)
 and checks it once: on a copy, it does what torchtitan's `Trainer.__init__` does to the config
 before building anything (`ParallelDims`, the model's `update_from_config`, `apply_overrides`,
 `_validate_cuda_graphs`) and turns their errors into `ConfigError`s with what would fit; then
