@@ -25,8 +25,8 @@ rank 0 plans and records (job.yaml ...), then writes `.plan_ready.<token>` (the 
 launcher reports with) or `.plan_error.<token>` (the config error). The launcher, once it has
 written what the workers read when they build (peak_flops.json: measured while they wait),
 writes `.plan_go.<token>`; every rank waits for it, and stops at a plan error or when the
-launcher is gone. One set of files per launch: the nodes of a multi-node job may share the run dir. A worker run by hand from a
-recorded run dir has no handoff and reads job.yaml at once.
+launcher is gone. One set of files per launch: the nodes of a multi-node job may share the run
+dir. A worker run by hand from a recorded run dir has no handoff and reads job.yaml at once.
 """
 
 from __future__ import annotations

@@ -261,7 +261,7 @@ def parse_settings(composed: Mapping[str, Any]) -> Settings:
 def check_settings(settings: Settings, device: str) -> None:
     """What the framework's own sections get wrong by themselves, on `device` (the resolved one).
     Needs no torchtitan: the launcher checks it before torchrun starts, so such a mistake is
-    named in a second; the plan checks it again for the runs it makes in the launcher."""
+    named in a second; the plan checks it too (a dry run's plan is the launcher's only check)."""
     model = settings.model
     moe_keys = {"num_experts": model.num_experts, "top_k": model.top_k, "moe_hidden_dim": model.moe_hidden_dim}
     stray = [key for key, value in moe_keys.items() if value is not None]

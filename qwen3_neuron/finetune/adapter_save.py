@@ -29,7 +29,8 @@ def raw_adapter_path(step_dir: Path) -> Path:
 
 def save_adapters_for_export(trainer, config) -> Path | None:
     """Write the trained adapters beside the last HF save; None when the run exports nothing.
-    Every rank must call it (gathering a sharded adapter is a collective)."""
+    Every rank must call it (gathering a sharded adapter is a collective); rank 0 writes, and the
+    worker's barrier before the export waits for it."""
     import torch
     import torch.distributed as dist
     from safetensors.torch import save_file
@@ -49,6 +50,4 @@ def save_adapters_for_export(trainer, config) -> Path | None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file(adapters, str(path), metadata={"format": "pt", "step": str(trainer.step)})
-    if dist.is_initialized():
-        dist.barrier()
     return path

@@ -39,6 +39,7 @@ def main(run_dir: Path) -> None:
     from torchtitan.tools.logging import init_logger, logger
 
     from qwen3_neuron.config.build import build_trainer_config
+    from qwen3_neuron.config.settings import parse_settings
     from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
     from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
     from qwen3_neuron.finetune.step_seed import seed_each_step
@@ -53,8 +54,8 @@ def main(run_dir: Path) -> None:
     job = read_job(run_dir)
     init_logger()
     config = build_trainer_config(job, run_dir, device)
-    finetune = job.get("finetune", {})
-    lora = finetune.get("method") == "lora"
+    settings = parse_settings(job)
+    lora = settings.finetune.method == "lora"
     if lora:
         keep_requires_grad_through_distribution()  # torchtitan's spmd_types path unfreezes the base
     sl.init_structured_logger(
@@ -71,7 +72,7 @@ def main(run_dir: Path) -> None:
     exports = exports_hf(config)
     try:
         trainer = config.build()
-        if lora and finetune.get("dropout"):
+        if lora and settings.finetune.dropout:
             seed_each_step(trainer)  # a resumed run draws the masks the uninterrupted one drew
         if config.checkpoint.create_seed_checkpoint:  # the plan checked world size 1, checkpoint.enable
             trainer.checkpointer.save(curr_step=0, last_step=True)
@@ -83,7 +84,7 @@ def main(run_dir: Path) -> None:
             if lora:
                 save_adapters_for_export(trainer, config)  # the HF save drops the adapters
         if exports and torch.distributed.is_initialized():
-            torch.distributed.barrier()  # every rank has written its files of the last HF save
+            torch.distributed.barrier()  # every rank has written its part of the last HF save (and LoRA adapters)
     except Exception as error:  # torchtitan raises on a non-finite loss, naming the step
         _record_failure(run_dir, error, config)
         raise
@@ -96,17 +97,15 @@ def main(run_dir: Path) -> None:
             torch.distributed.destroy_process_group()
     logger.info("Training finished")
     if exports and int(os.environ.get("RANK", "0")) == 0:
-        _export(config, job, run_dir)
+        _export(config, settings, run_dir)
 
 
-def _export(config, job: dict, run_dir: Path) -> None:
+def _export(config, settings, run_dir: Path) -> None:
     """The HF export (LoRA: adapter and merged model), recorded for the launcher's summary: the
     export's fields, or its error (the run then fails, its checkpoints kept)."""
-    from qwen3_neuron.config.settings import parse_settings
     from qwen3_neuron.errors import ExportError
     from qwen3_neuron.hf_io.export import export_run
 
-    settings = parse_settings(job)
     try:
         record = export_run(config, run_dir, settings.finetune, settings.hf.export_dir)
     except ExportError as e:
