@@ -106,8 +106,6 @@ TINY = ("training.seq_len=128", "training.local_batch_size=2")
 # Sweep jobs: one rank, three short steps, no TensorBoard.
 SWEEP_JOB = ("training.steps=3", "training.seq_len=64", "training.local_batch_size=2", "run.nproc_per_node=1",
              "metrics.enable_tensorboard=false")  # fmt: skip
-# Saves step-4 and step-8 of 10: a run to kill and resume, and its uninterrupted reference.
-CHECKPOINTED = (*TINY, "checkpointing=periodic", "checkpoint.interval=4", "training.steps=10")
 # finetune=lora on the tiny HF dir's weights (loaded into model=native, or model=hf's own) and the
 # tiny conversations (data=chat, validated at steps 1 and 10), 10 steps: adapter-only checkpoints
 # at steps 4 and 8 (a run to kill and resume, and its reference: the resume of LoRA and of the chat
@@ -131,15 +129,9 @@ def trained(run_dir: Path, *overrides: str, timeout: int = 900) -> Path:
 
 @pytest.fixture(scope="session")
 def default_run(tmp_path_factory, assets) -> Path:
-    """The default job (tiny native Qwen3, 2 CPU ranks, no checkpoints), 10 steps."""
+    """The default job (tiny native Qwen3, 2 CPU ranks, no checkpoints), 10 steps: test_resume.py's
+    uninterrupted reference and the first of its two launches of one seed."""
     return trained(tmp_path_factory.mktemp("default") / "run", *TINY, "training.steps=10")
-
-
-@pytest.fixture(scope="session")
-def checkpointed_run(tmp_path_factory, assets) -> Path:
-    """The default job on 2 ranks saving periodic checkpoints: test_resume's uninterrupted
-    reference, and test_training's second run of the same seed."""
-    return trained(tmp_path_factory.mktemp("checkpointed") / "run", "run.nproc_per_node=2", *CHECKPOINTED)
 
 
 @pytest.fixture(scope="session")
