@@ -3,7 +3,8 @@
 
 (cpu_qwen3_tiny_native trains in tests/test_parallelism.py, the FSDP run the layouts compare with;
 cpu_qwen3_tiny_moe is conftest.py's `moe_experiment_run`, which tests/test_moe_training.py compares
-torchtitan's experts and a user kernel with.)
+torchtitan's experts and a user kernel with; cpu_qwen3_tiny_hf is tests/test_hf_integration.py's
+`hf_run`, exported and loaded back.)
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import compose_config, launch, read_jsonl
+from conftest import compose_config, launch
 
 from qwen3_neuron.config.hydra_setup import experiment_without_plus
 from qwen3_neuron.config.layout import resolve_degrees
@@ -127,19 +128,6 @@ def test_cpu_qwen3_tiny_moe_trains_with_the_blockwise_kernel(moe_experiment_run)
     assert summary["status"] == "completed" and summary["steps"] == 5
     assert summary["final_loss"] < summary["first_loss"] - 0.3
     assert len(summary["overrides"][BLOCKWISE]) == 2  # both MoE layers' experts
-
-
-@pytest.mark.integration
-def test_cpu_qwen3_tiny_hf_trains_from_hf_and_exports(tmp_path, assets):
-    model_hf_plans_here(tmp_path)
-    run_dir = tmp_path / "run"
-    result = launch(run_dir, "experiment=cpu_qwen3_tiny_hf", timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    records = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
-    assert records[-1]["loss"] < records[0]["loss"]  # from the tiny HF dir's weights
-    export = run_dir / "hf_export"
-    assert (export / "config.json").exists() and any(export.glob("*.safetensors"))
 
 
 def test_an_experiments_values_beat_the_defaults_and_the_command_line_beats_both(assets):

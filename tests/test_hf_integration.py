@@ -16,8 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, launch, read_jsonl
+from conftest import REPO, TINY, compose_config, launch, read_jsonl
 from safetensors.torch import load_file
+
+from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.run_dir import read_job
 
 pytestmark = pytest.mark.integration
 
@@ -47,15 +51,16 @@ def weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+# experiment=cpu_qwen3_tiny_hf (model=hf from the tiny HF dir, checkpointing=[from_hf,export_hf],
+# FSDP on 2 ranks) trained for TRAIN's 10 steps: the experiment's own CPU run, and these tests'.
+HF_EXPERIMENT = ["experiment=cpu_qwen3_tiny_hf", *TRAIN]
+
+
 @pytest.fixture(scope="module")
 def hf_run(tmp_path_factory, assets):
     """Tiny model=hf from its HF weights, 10 steps on 2 ranks, exported."""
     run_dir = tmp_path_factory.mktemp("hf") / "run"
-    summary = run(
-        run_dir, "model=hf", f"model.hf_model={assets.tiny_qwen3_dir}",
-        "checkpointing=[from_hf,export_hf]", "hf.first_loss_check=off", *TRAIN,
-    )  # fmt: skip
-    return run_dir, summary
+    return run_dir, run(run_dir, *HF_EXPERIMENT, "hf.first_loss_check=off")
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +69,9 @@ def twin_run(tmp_path_factory, assets):
     failing the first-loss check: the tiny dir's weights are untrained."""
     run_dir = tmp_path_factory.mktemp("twin") / "run"
     summary = run(
-        run_dir, "model=hf", f"model.hf_model={assets.tiny_qwen3_dir}", "checkpointing=[from_hf,periodic]",
-        "checkpoint.interval=10", "checkpoint.last_save_model_only=true", "checkpoint.export_dtype=float32",
-        "hf.first_loss_check=fail", *TRAIN, ok=False,
+        run_dir, *HF_EXPERIMENT, "checkpointing=[from_hf,periodic]", "checkpoint.interval=10",
+        "checkpoint.last_save_model_only=true", "checkpoint.export_dtype=float32", "hf.first_loss_check=fail",
+        ok=False,
     )  # fmt: skip
     return run_dir, summary
 
@@ -78,10 +83,12 @@ def native_run(tmp_path_factory, assets):
     return run_dir, run(run_dir, "model=native", "checkpointing=export_hf", *TRAIN)
 
 
-def test_hf_run_trains_on_two_ranks_and_exports(hf_run):
+def test_hf_run_trains_on_two_ranks_and_exports(hf_run, assets):
     run_dir, summary = hf_run
     assert summary["status"] == "completed" and summary["steps"] == 10
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == list(range(1, 11))
     assert "--nproc_per_node=2" in (run_dir / "command.sh").read_text()
+    assert read_job(run_dir)["model"]["hf_model"] == str(assets.tiny_qwen3_dir)  # the experiment's model dir
     assert summary["export_dir"] == str(run_dir / "hf_export")
     assert summary["first_loss"] == pytest.approx(LN_VOCAB, abs=0.15)  # the tiny dir is untrained
     assert summary["random_init_loss_reference"] == pytest.approx(LN_VOCAB, abs=1e-4)
@@ -156,19 +163,22 @@ def test_native_export_round_trips_into_hf(native_run, tmp_path):
     assert abs(as_hf["first_loss"] - trained["final_loss"]) < 1.0
 
 
-@pytest.mark.parametrize(
-    "overrides, expected",
-    [
-        (["model=hf", "model.hf_model={empty}"], "model.hf_model={empty}: no config.json"),
-        (["model=native", "checkpointing=from_hf", "checkpoint.initial_load_path={moe}"],
-         "checkpoint.initial_load_path={moe}: {moe}/config.json does not describe the native flavour"),
-    ],  # fmt: skip
-    ids=["hf_no_config", "native_other_architecture"],
-)
-def test_malformed_hf_dirs_stop_the_launch_naming_file_and_key(tmp_path, assets, overrides, expected):
-    dirs = {"empty": tmp_path / "empty", "moe": assets.tiny_qwen3_moe_dir}
-    dirs["empty"].mkdir()
-    result = launch(tmp_path / "run", *(o.format(**dirs) for o in overrides))
+def test_a_missing_hf_config_stops_the_launch_naming_file_and_key(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = launch(tmp_path / "run", "model=hf", f"model.hf_model={empty}")
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    assert expected.format(**dirs) in result.stderr
+    assert f"model.hf_model={empty}: no config.json" in result.stderr
     assert not (tmp_path / "run").exists()  # nothing written, nothing started
+
+
+def test_an_hf_dir_of_another_architecture_is_refused_at_plan_time(tmp_path, assets):
+    """The plan's check (local rank 0's in a launch, which then stops every worker: the
+    training.stpes row of tests/test_bad_inputs.py)."""
+    moe = assets.tiny_qwen3_moe_dir
+    overrides = ("model=native", "checkpointing=from_hf", f"checkpoint.initial_load_path={moe}")
+    with pytest.raises(ConfigError) as error:
+        make_plan(compose_config(*overrides), tmp_path / "run")
+    expected = f"checkpoint.initial_load_path={moe}: {moe}/config.json does not describe the native flavour"
+    assert expected in str(error.value)
+    assert not (tmp_path / "run").exists()

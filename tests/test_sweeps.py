@@ -167,7 +167,8 @@ def test_sweep_report_command_rebuilds_the_same_csv(sweep):
 @pytest.mark.integration
 def test_stop_on_failure_stops_the_sweep_at_the_failed_job(tmp_path, assets):
     sweep_dir = tmp_path / "multirun"
-    result = multirun(sweep_dir, "model.flavor=nosuch,tiny", "run.stop_on_failure=true", *SMALL)
+    # job 0 fails in the launcher's settings check (model.top_k is a MoE key), before any torchrun
+    result = multirun(sweep_dir, "model.top_k=1,null", "run.stop_on_failure=true", *SMALL)
     assert result.returncode == 1
     assert "JobFailed" in result.stderr or "JobFailed" in result.stdout
     assert summary_of(sweep_dir / "0")["status"] == "failed"
