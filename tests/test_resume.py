@@ -48,6 +48,7 @@ def test_the_same_seed_again_and_its_resume_after_kill_9_give_identical_losses(d
     loaded = re.search(r"Loading the checkpoint from \S*step-(\d+)", (run_dir / "train.log").read_text())
     assert loaded and int(loaded.group(1)) in (4, 8)  # never the unfinished step-9
     assert [resumed[s] for s in range(5, STEPS + 1)] == [uninterrupted[s] for s in range(5, STEPS + 1)]
+    assert "checkpointing=periodic" in (run_dir / ".hydra" / "overrides.yaml").read_text()  # the first launch's
 
 
 def test_resume_refuses_a_dir_without_checkpoint_and_a_changed_config(default_run, tmp_path):

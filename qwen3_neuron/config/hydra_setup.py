@@ -8,6 +8,9 @@
   checkpointing=from_hf loads when it has a tokenizer (its weights were trained with it), else
   the tiny tokenizer.
 - the `${resume_or:...}` resolver: the run dir is `run.resume` when resuming, else a new one.
+- the `${new_run_only:...}` resolver: Hydra writes its record of a launch (`.hydra/`) for a new
+  run only. A resume, refused or not, leaves the first launch's record as it was (the sweep
+  report reads a job's overrides there); `job.yaml` records what a resume changes.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def register_resolvers() -> None:
     """The resolvers alone: what a process that resolves an already composed config needs."""
     OmegaConf.register_new_resolver("assets", _asset, replace=True)
     OmegaConf.register_new_resolver("resume_or", _resume_or, replace=True)
+    OmegaConf.register_new_resolver("new_run_only", _new_run_only, replace=True)
     OmegaConf.register_new_resolver("tokenizer_dir", _tokenizer_dir, replace=True)
 
 
@@ -79,3 +83,7 @@ def _tokenizer_dir(initial_load_path: str | None, initial_load_in_hf: bool | Non
 
 def _resume_or(resume: str | None, new_dir: str) -> str:
     return new_dir if resume is None else str(Path(resume).expanduser().resolve())
+
+
+def _new_run_only(resume: str | None, value: str) -> str | None:
+    return value if resume is None else None
