@@ -1,9 +1,11 @@
 """Integration: model=hf and HF safetensors in and out, through `launch.py`.
 
-Training runs use two CPU ranks. The tiny HF dirs hold untrained weights (first loss about
-ln(2048) = 7.62, the same as a random init), so the round trips start from models trained here
-for 10 steps at lr 3e-3, which a new run starts about 1.5 nats lower. Runs that only need the
-first loss of loaded weights take one rank and one step (start-up dominates their time).
+model=hf trains on two CPU ranks: FSDP-sharded weights gathered into the export (a native model's
+sharded export is tests/test_lora.py's merged one); the native run exported here takes one. The
+tiny HF dirs hold untrained weights (first loss about ln(2048) = 7.62, the same as a random
+init), so the round trips start from models trained here for 10 steps at lr 3e-3, which a new run
+starts about 1.5 nats lower. Runs that only need the first loss of loaded weights take one rank
+and one step (start-up dominates their time).
 """
 
 from __future__ import annotations
@@ -78,9 +80,9 @@ def twin_run(tmp_path_factory, assets):
 
 @pytest.fixture(scope="module")
 def native_run(tmp_path_factory, assets):
-    """Tiny native model from random init, 10 steps on 2 ranks, exported."""
+    """Tiny native model from random init, 10 steps on 1 rank, exported."""
     run_dir = tmp_path_factory.mktemp("native") / "run"
-    return run_dir, run(run_dir, "model=native", "checkpointing=export_hf", *TRAIN)
+    return run_dir, run(run_dir, "model=native", "checkpointing=export_hf", *TRAIN, "run.nproc_per_node=1")
 
 
 def test_hf_run_trains_on_two_ranks_and_exports(hf_run, assets):
