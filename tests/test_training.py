@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from conftest import REPO, TINY, compose_config, launch, processes_mentioning, r
 from qwen3_neuron.config.settings import parse_settings
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch.job import _start_workers
+from qwen3_neuron.launch.process import Torchrun
 from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
 pytestmark = pytest.mark.integration
@@ -46,8 +48,9 @@ def test_metrics_and_summary_agree_with_what_the_workers_logged(default_run):
     assert summary["peak_memory_gib"] == max(r["peak_memory_gib"] for r in records)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_signal_stops_every_worker_and_keeps_completed_checkpoints(tmp_path, assets, signum):
+def test_a_sigterm_stops_every_worker_and_keeps_completed_checkpoints(tmp_path, assets):
+    """What SLURM or Kubernetes sends. Ctrl-C reaches the launcher as SIGINT, which it handles
+    the same way (the next test)."""
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *TINY, "training.steps=500",
@@ -59,12 +62,37 @@ def test_a_signal_stops_every_worker_and_keeps_completed_checkpoints(tmp_path, a
     while not _steps_logged(run_dir) >= 3 and time.time() < deadline:
         assert process.poll() is None, "the run ended before it could be interrupted"
         time.sleep(0.5)
-    process.send_signal(signum)
+    process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) != 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and 3 <= summary["steps"] < 500
+    assert summary["error"] == "interrupted by SIGTERM"
     assert processes_mentioning(str(run_dir)) == []
     assert (run_dir / "checkpoint" / "step-2" / ".metadata").exists()
+
+
+def test_ctrl_c_in_the_launcher_stops_torchrun_with_sigterm_and_names_sigint(tmp_path):
+    """The launcher's handler, in this process: a stand-in for torchrun (its own session, as the
+    real one) gets SIGTERM when the launcher gets SIGINT; the launcher's handlers are restored."""
+    stand_in = (
+        "import pathlib, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+        "pathlib.Path(sys.argv[1]).touch()\n"
+        "time.sleep(60)\n"
+    )
+    ready = tmp_path / "ready"
+    before = signal.getsignal(signal.SIGINT)
+    torchrun = Torchrun([sys.executable, "-c", stand_in, str(ready)], {}, tmp_path, echo=False)
+
+    def ctrl_c_once_ready():
+        while not ready.exists() or signal.getsignal(signal.SIGINT) is before:  # started, and waited on
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_once_ready, daemon=True).start()
+    result = torchrun.wait()
+    assert (result.returncode, result.interrupted_by) == (143, "SIGINT")
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_last_good_checkpoint(tmp_path, assets):
