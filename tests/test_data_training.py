@@ -1,10 +1,10 @@
 """data=chat and data=text train on 2 CPU ranks: one launch each, shared by every assertion here.
 
 - chat: the tiny multi-turn conversations (many longer than the 128-token sequences: truncated
-  and counted), validation on the held-out file, validated at steps 1, 3 and 6. (Its resume after
-  kill -9 is tests/test_lora.py's: LoRA on the same conversations.)
+  and counted), validation on the held-out file, validated at steps 1, 3 and 6. (Its resume is
+  tests/test_lora.py's: LoRA on the same conversations.)
 - text: a .txt file of paragraphs, streamed, a tenth carved out for validation, long documents
-  split across samples, a checkpoint every 2 steps: the reference of a streamed resume.
+  split across samples, a checkpoint every 2 steps: resumed from step 2, it ends as it did.
 - mix: one source in each other file form (.json, .csv, .parquet, .arrow, a save_to_disk dir) and a
   data set in the hub cache, map-style, killed and resumed: its own launch pair.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY, launch, read_jsonl
 from test_data import write_jsonl, write_texts
-from test_resume import kill_9_after_checkpoint
+from test_resume import as_of_checkpoint, kill_9_after_checkpoint
 
 from qwen3_neuron.assets.build import stdlib_docstrings
 from qwen3_neuron.run_dir import read_metrics
@@ -125,20 +125,18 @@ def test_text_run_from_a_txt_file_streams_splits_and_validates(text_run):
     assert not (run_dir / "data_cache").exists() or not any((run_dir / "data_cache").rglob("*.arrow"))  # streamed
 
 
-def test_streamed_text_run_killed_and_resumed_continues_with_the_same_losses(text_run, tmp_path):
-    """Streaming: the position is datasets' own stream state (shard and row), checkpointed."""
+def test_streamed_text_run_resumed_from_step_2_continues_with_the_same_losses(text_run, tmp_path):
+    """Streaming: the position is datasets' own stream state (shard and row), checkpointed. The run's
+    dir as it stood after its step-2 checkpoint, resumed: steps 3-5 and the step-5 validation are
+    the uninterrupted run's."""
     reference_dir = text_run[0]
-    corpus = reference_dir.parent / "docstrings.txt"
-    killed_and_resumed_matches(reference_dir, tmp_path / "killed", text_overrides(corpus), checkpoint_step=2,
-                               steps=TEXT_STEPS)  # fmt: skip
-
-
-def killed_and_resumed_matches(reference_dir: Path, run_dir: Path, overrides, checkpoint_step: int, steps: int):
-    kill_9_after_checkpoint(run_dir, [*TINY, *overrides], checkpoint_step, steps_logged=checkpoint_step + 1)
+    run_dir = as_of_checkpoint(reference_dir, tmp_path / "run", step=2)
     result = launch(None, f"run.resume={run_dir}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"Loading the checkpoint from \S*step-2\b", (run_dir / "train.log").read_text())
     resumed, reference = _losses(run_dir), _losses(reference_dir)
-    after = range(checkpoint_step + 1, steps + 1)
+    assert sorted(resumed) == list(range(1, TEXT_STEPS + 1))
+    after = range(3, TEXT_STEPS + 1)
     assert [resumed[s] for s in after] == [reference[s] for s in after]
     assert summary_of(run_dir)["val_loss"] == summary_of(reference_dir)["val_loss"]
 

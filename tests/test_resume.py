@@ -67,6 +67,24 @@ def _files(run_dir: Path) -> dict[str, int]:
     return {p.relative_to(run_dir).as_posix(): p.stat().st_size for p in run_dir.rglob("*") if p.is_file()}
 
 
+def as_of_checkpoint(run_dir: Path, copy: Path, step: int) -> Path:
+    """A copy of a finished run's dir as it stood right after its step-`step` checkpoint: the later
+    checkpoints, metrics records, exports and summary are gone. What a resume test starts from
+    when the state it checks is the checkpoint's, not how the run ended (kill -9: above)."""
+    shutil.copytree(run_dir, copy)
+    for later in (copy / "checkpoint").glob("step-*"):
+        if int(later.name.removeprefix("step-")) > step:
+            shutil.rmtree(later)
+    for written_at_the_end in ("hf_export", "hf_adapter"):
+        shutil.rmtree(copy / written_at_the_end, ignore_errors=True)
+    for written_at_the_end in ("summary.json", "export.json"):
+        (copy / written_at_the_end).unlink(missing_ok=True)
+    metrics = copy / "metrics.jsonl"
+    kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= step]
+    metrics.write_text("".join(line + "\n" for line in kept))
+    return copy
+
+
 def kill_9_after_checkpoint(run_dir: Path, overrides, checkpoint_step: int, steps_logged: int) -> None:
     """Train `overrides` through launch.py in `run_dir`; kill -9 the launcher, torchrun and every
     worker once checkpoint step-`checkpoint_step` is complete and `steps_logged` training steps
