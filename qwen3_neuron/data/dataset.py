@@ -24,7 +24,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import logger
 
 from qwen3_neuron.data import sources
-from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_messages
+from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.packing import Packer, document, fit
 
 STAT_NAMES = ("rows", "documents", "truncated", "dropped", "split", "skipped", "label_tokens", "padding_tokens")
@@ -43,8 +43,13 @@ class DataSource:
     text_field: str = "text"
     txt_sample_by: Literal["paragraph", "document", "line"] = "paragraph"
     messages_field: str = "messages"
+    role_map: dict[str, str] | None = None
+    tools_field: str | None = "tools"
+    reasoning: Literal["keep", "drop"] = "keep"
     prompt_field: str | None = None
     response_field: str | None = None
+    input_field: str | None = "input"
+    system_field: str | None = None
     train_on_prompt: bool = False
     overlong: Literal["truncate", "drop", "split"] = "truncate"
     val_fraction: float = 0.0
@@ -88,8 +93,7 @@ class PackedDataset(IterableDataset, Stateful):
     def row_tokens(self, row: dict[str, Any]) -> tuple[list[int], list[bool]]:
         """Token ids of one row and which of them are training targets."""
         if self._chat is not None:
-            s = self.source
-            return self._chat.tokens(row_messages(row, s.messages_field, s.prompt_field, s.response_field))
+            return self._chat.tokens(row_conversation(row, self.source))
         text = row.get(self.source.text_field)
         if not isinstance(text, str):
             raise ChatFormatError(f"data.text_field={self.source.text_field}: expected a string, got {text!r:.40}")
