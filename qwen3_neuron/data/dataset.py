@@ -145,7 +145,7 @@ class PackedDataset(IterableDataset, Stateful):
     def __iter__(self):
         while True:
             yield from self._hand_out()
-            rows_this_epoch = 0
+            whole_pass, rows_this_epoch, documents_before = self._sample_idx == 0, 0, self.stats["documents"]
             for row in self._get_data_iter():
                 self._sample_idx += 1
                 self.stats["rows"] += 1
@@ -154,6 +154,11 @@ class PackedDataset(IterableDataset, Stateful):
                 if doc is not None:
                     self._ready += self._packer.add(*doc)
                 yield from self._hand_out()
+            if whole_pass and rows_this_epoch and self.stats["documents"] == documents_before and self.infinite:
+                raise RuntimeError(
+                    f"data source {self.source.name()}: none of the {rows_this_epoch} rows of rank {self.rank} "
+                    f"became a document (counts: {self.stats}); raise training.seq_len or see data.overlong"
+                )
             self._ready += self._packer.flush()
             yield from self._hand_out()
             if not self.infinite:
