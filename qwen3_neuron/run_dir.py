@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,8 @@ class PlannedRun:
     weights_loaded: bool  # the run starts from initial weights
     dtype: str  # the matmuls' dtype, for the peak FLOPs
     exports_hf: bool  # the last save is in HF: global rank 0 exports after training (EXPORT_FILE)
+    # the run dir's checkpoint it loads, and the damaged ones skipped: {checkpoint_loaded, checkpoints_skipped}
+    checkpoint: dict[str, Any] = field(default_factory=dict)
 
     def replacements_by_override(self) -> dict[str, list[str]]:
         """{override target: ["fqn Old -> New", ...]}, for the summary."""

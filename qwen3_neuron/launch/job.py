@@ -263,7 +263,8 @@ class _Job:
                 extra.update(export)
         summary = summarize(
             self.run_dir, status, time.time() - start,
-            exit_code=exit_code, overrides=planned.replacements_by_override(), **planned.parameters, **extra,
+            exit_code=exit_code, overrides=planned.replacements_by_override(), **planned.parameters,
+            **planned.checkpoint, **extra,
         )  # fmt: skip
         mode = settings.hf.first_loss_check
         verdict = check_first_loss(
