@@ -16,6 +16,7 @@ import pytest
 from conftest import REPO, TINY, command_lines, launch
 
 from qwen3_neuron.run_dir import complete_steps
+from qwen3_neuron.worker.checkpoint_check import damage
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +78,38 @@ def test_the_same_seed_again_and_its_resume_after_kill_9_give_identical_losses(d
     after = range(intact + 1, STEPS + 1)
     assert [resumed[s] for s in after] == [uninterrupted[s] for s in after]
     assert "checkpointing=periodic" in (run_dir / ".hydra" / "overrides.yaml").read_text()  # the first launch's
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """An 80 MB file system: one checkpoint of CHECKPOINTED's run fits (2 shards of ~24 MB), a
+    second does not. A size-limited tmpfs, which only root may mount."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a full disk is a size-limited tmpfs, which only root may mount: {mounted.stderr.strip()}")
+    yield disk
+    subprocess.run(["umount", "--lazy", str(disk)], check=False)
+
+
+def test_a_full_disk_while_saving_stops_the_run_and_the_resume_ends_on_the_undisturbed_losses(default_run, small_disk):
+    run_dir = small_disk / "run"
+    result = launch(run_dir, *CHECKPOINTED)
+    full = f"{run_dir}/train.log could not be written: No space left on device"
+    assert result.returncode == 1 and f"the job failed; the end of its output ({full})" in result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith(full) and summary["steps"] == 4
+    checkpoints = run_dir / "checkpoint"
+    assert complete_steps(checkpoints) == [2] and damage(checkpoints / "step-2") is None  # step-4 was cut short
+
+    subprocess.run(["mount", "-o", "remount,size=400m", str(small_disk)], check=True)  # space freed
+    result = launch(None, f"run.resume={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["checkpoint_loaded"] == "step-2" and summary["checkpoints_skipped"] == {}
+    resumed, uninterrupted = losses(run_dir), losses(default_run)
+    assert [resumed[s] for s in range(3, STEPS + 1)] == [uninterrupted[s] for s in range(3, STEPS + 1)]
 
 
 def test_resume_refuses_a_dir_without_checkpoint_and_a_changed_config(default_run, tmp_path):

@@ -255,6 +255,8 @@ class _Job:
         exit_code, extra = result.returncode, {}
         if result.interrupted_by:
             extra["error"] = f"interrupted by {result.interrupted_by}"
+        elif status == "failed" and result.log_error:  # a full disk: rank 0's failure.json is missing too
+            extra["error"] = f"{result.log_error}; the end of the workers' output is printed above"
         if status == "completed" and planned.exports_hf:  # global rank 0 exported once training ended
             export = read_json(self.run_dir / EXPORT_FILE) or {"error": f"export failed: rank 0 wrote no {EXPORT_FILE}"}
             if "error" in export:
