@@ -82,19 +82,26 @@ def test_the_same_seed_again_and_its_resume_after_kill_9_give_identical_losses(d
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """An 80 MB file system: one checkpoint of CHECKPOINTED's run fits (2 shards of ~24 MB), a
-    second does not. A size-limited tmpfs, which only root may mount."""
+    """small_disk(size): a file system of `size` ("80m") at a new dir; a size-limited tmpfs, which
+    only root may mount. Resized in place with `remount`."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"a full disk is a size-limited tmpfs, which only root may mount: {mounted.stderr.strip()}")
-    yield disk
-    subprocess.run(["umount", "--lazy", str(disk)], check=False)
+
+    def mount(size: str) -> Path:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+                                 capture_output=True, text=True)  # fmt: skip
+        if mounted.returncode != 0:
+            pytest.skip(f"a full disk is a size-limited tmpfs, which only root may mount: {mounted.stderr.strip()}")
+        return disk
+
+    yield mount
+    subprocess.run(["umount", "--lazy", str(disk)], check=False, capture_output=True)
 
 
 def test_a_full_disk_while_saving_stops_the_run_and_the_resume_ends_on_the_undisturbed_losses(default_run, small_disk):
-    run_dir = small_disk / "run"
+    """80 MB: one checkpoint of CHECKPOINTED's run fits (2 shards of ~24 MB), the second does not."""
+    disk = small_disk("80m")
+    run_dir = disk / "run"
     result = launch(run_dir, *CHECKPOINTED)
     full = f"{run_dir}/train.log could not be written: No space left on device"
     assert result.returncode == 1 and f"the job failed; the end of its output ({full})" in result.stderr
@@ -103,13 +110,26 @@ def test_a_full_disk_while_saving_stops_the_run_and_the_resume_ends_on_the_undis
     checkpoints = run_dir / "checkpoint"
     assert complete_steps(checkpoints) == [2] and damage(checkpoints / "step-2") is None  # step-4 was cut short
 
-    subprocess.run(["mount", "-o", "remount,size=400m", str(small_disk)], check=True)  # space freed
+    subprocess.run(["mount", "-o", "remount,size=400m", str(disk)], check=True)  # space freed
     result = launch(None, f"run.resume={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["checkpoint_loaded"] == "step-2" and summary["checkpoints_skipped"] == {}
     resumed, uninterrupted = losses(run_dir), losses(default_run)
     assert [resumed[s] for s in range(3, STEPS + 1)] == [uninterrupted[s] for s in range(3, STEPS + 1)]
+
+
+def test_a_full_disk_during_the_hf_export_keeps_the_checkpoint_before_intact(assets, small_disk):
+    """55 MB: step-2's checkpoint (~47 MB) fits, the last save in HF (~15 MB) the export is made
+    from does not. The run fails; no export is left under its name; step-2 is what it was."""
+    run_dir = small_disk("55m") / "run"
+    result = launch(run_dir, *TINY, "checkpointing=[periodic,export_hf]", "checkpoint.interval=2", "training.steps=4")
+    assert result.returncode == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "No space left on device" in summary["error"] and summary["steps"] == 4
+    assert not (run_dir / "hf_export").exists() and "export_dir" not in summary
+    checkpoints = run_dir / "checkpoint"
+    assert complete_steps(checkpoints) == [2] and damage(checkpoints / "step-2") is None
 
 
 def test_resume_refuses_a_dir_without_checkpoint_and_a_changed_config(default_run, tmp_path):

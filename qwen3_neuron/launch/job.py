@@ -326,8 +326,10 @@ def _show_data(plan: Plan, count: int) -> None:
 
 def _discard_hydra_only_dir(run_dir: Path) -> None:
     """A config error leaves nothing behind: drop the run dir Hydra made for this launch."""
-    if not run_dir.exists() or {p.name for p in run_dir.iterdir()} - {".hydra", "launch.log", LOCK_FILE}:
+    if not run_dir.exists():
         return
+    if {p.name for p in run_dir.iterdir() if not p.name.startswith(LOCK_FILE)} - {".hydra", "launch.log"}:
+        return  # more than Hydra wrote (this launch's lock, released after, goes with the dir)
     shutil.rmtree(run_dir)
     if not any(run_dir.parent.iterdir()):
         run_dir.parent.rmdir()  # the date folder, if this launch made it
