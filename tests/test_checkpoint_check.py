@@ -57,8 +57,10 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_newest_intact_one_load
     problem = f"{_shard(tmp_path / 'damaged' / 'step-6').name} is {cut:,} bytes, its .metadata says {size:,}"
     assert loads == {"checkpoint_loaded": "step-4", "checkpoints_skipped": {"step-6": problem}}
     assert warned == [
-        f"[qwen3-neuron] warning: checkpoint {tmp_path}/step-6 is damaged: {problem}. Skipped (moved to "
-        f"{tmp_path}/damaged/step-6); the run continues from step-4, the newest intact checkpoint."
+        (
+            f"[qwen3-neuron] warning: checkpoint {tmp_path}/step-6 is damaged: {problem}. Skipped (moved to "
+            f"{tmp_path}/damaged/step-6); the run continues from step-4, the newest intact checkpoint."
+        )
     ]
     assert complete_steps(tmp_path) == [2, 4]  # what torchtitan's own search finds now: step-4 is the newest
     # the same step damaged again later is kept beside the first

@@ -12,8 +12,9 @@ skipped and why. `checkpoint.load_step` naming a damaged one, or no intact one l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.run_dir import complete_steps

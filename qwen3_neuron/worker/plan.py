@@ -9,8 +9,9 @@ in the launcher would hold back every worker on a small host.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
