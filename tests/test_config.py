@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import pytest
 from conftest import compose_config, launch
@@ -107,3 +108,17 @@ def test_dry_run_records_the_run_and_starts_nothing(tmp_path, assets):
     assert not (run_dir / "train.log").exists() and not (run_dir / "metrics.jsonl").exists()
     assert '"steps": 7' in (run_dir / "trainer_config.json").read_text()
     assert "qwen3_neuron.worker.train" in (run_dir / "command.sh").read_text()
+
+
+def test_chat_validation_follows_the_users_data(tmp_path, assets):
+    """data=chat validates on the bundled conversations only while it trains on them: a user's own
+    files are validated on what the user names, and `data.val_fraction` alone names it."""
+    shutil.copy(assets.chat_train_file, tmp_path / "mine.jsonl")  # the bundled rows, by another name
+    mine = f"data.files={tmp_path / 'mine.jsonl'}"
+    bundled = plan_for(tmp_path, "data=chat").trainer_config.validator
+    assert bundled.enable and bundled.dataloader.sources[0].files == str(assets.chat_validation_file)
+    assert not plan_for(tmp_path, "data=chat", mine).trainer_config.validator.enable
+    carved = plan_for(tmp_path, "data=chat", mine, "data.val_fraction=0.05").trainer_config.validator
+    assert carved.enable and carved.dataloader.sources[0].val_fraction == 0.05
+    with pytest.raises(ConfigError, match="data.val_fraction and data.val_files both"):
+        plan_for(tmp_path, "data=chat", mine, "data.val_fraction=0.05", f"data.val_files={tmp_path / 'mine.jsonl'}")
