@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +84,17 @@ def group_replacements(lines: list[str]) -> dict[str, list[str]]:
         target, _, change = line.removeprefix("[Override] ").partition(": ")
         grouped.setdefault(target, []).append(change)
     return grouped
+
+
+def summarize_replacements(lines: list[str]) -> list[str]:
+    """One line per override and kind of change, its layers counted: "36 x
+    model_spec.model.layers.*.attention.inner_attention FlexAttention.Config ->
+    SDPAFlexAttention.Config (qwen3_neuron.kernels.attention.sdpa.sdpa_for_flex)"."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for target, changes in group_replacements(lines).items():
+        for change in changes:
+            counts[target, re.sub(r"\.\d+\.", ".*.", change)] += 1
+    return [f"{n} x {change} ({target})" if n > 1 else f"{change} ({target})" for (target, change), n in counts.items()]
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,27 @@ def test_dry_run_records_the_run_and_starts_nothing(tmp_path, assets):
     assert not (run_dir / "train.log").exists() and not (run_dir / "metrics.jsonl").exists()
     assert '"steps": 7' in (run_dir / "trainer_config.json").read_text()
     assert "qwen3_neuron.worker.train" in (run_dir / "command.sh").read_text()
+    # the plan, one line per fact: the override list summarised, each warning once, no JSON
+    out = result.stdout + result.stderr
+    assert "[qwen3-neuron] override: 4 x model_spec.model.layers.*.attention.inner_attention" in out
+    assert "[Override]" not in out and '"training": {' not in out
+    assert len(out.splitlines()) <= 12, out
+    assert len(set(out.splitlines())) == len(out.splitlines()), out
+    assert out.splitlines()[-1].startswith("[qwen3-neuron] memory per rank: ")  # the verdict, last
+
+
+def test_a_dry_run_shows_a_plan_that_does_not_fit_then_refuses_it(tmp_path, assets):
+    """A dry run is how a plan for a bigger machine is looked at: shown whole, the memory verdict
+    last, and exit code 2 saying a launch here would be refused."""
+    run_dir = tmp_path / "run"
+    result = launch(run_dir, "run.dry_run=true", "model.flavor=32B", timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "[qwen3-neuron] model: qwen3 32B (model=native)" in result.stdout
+    assert "torch.distributed.run --standalone --nproc_per_node=2" in result.stdout
+    assert result.stdout.splitlines()[-1].startswith("[qwen3-neuron] memory per rank: ")
+    assert "Config error: the plan does not fit" in result.stderr
+    assert "a launch would stop here" in result.stderr
+    assert (run_dir / "trainer_config.json").exists()
 
 
 def test_chat_validation_follows_the_users_data(tmp_path, assets):

@@ -104,13 +104,15 @@ class RunSettings:
     when checkpointing is on)."""
 
     dry_run: bool = False
-    """Print the final torchtitan config and torchrun command, write the run record, start nothing."""
+    """Print the plan (model, layout, torchrun command, then the memory verdict) and write the run
+    record, start nothing; the exit code is 2 when a launch would refuse this plan (it does not fit)."""
 
     resume: str | None = None
     """A run dir to continue from its newest complete checkpoint, with the config it recorded."""
 
     verbose: bool = False
-    """Show torchtitan's full log on screen; otherwise one progress line per job (train.log has it all)."""
+    """Show torchtitan's full log on screen (and a dry run's full config); otherwise one progress
+    line per job (train.log has it all)."""
 
     stop_on_failure: bool = False
     """Multirun: stop the sweep at the first failed job instead of recording it and going on."""

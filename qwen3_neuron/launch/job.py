@@ -36,6 +36,7 @@ from qwen3_neuron.config.settings import Settings, check_settings, parse_setting
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch import slurm
+from qwen3_neuron.launch.console import quiet_console
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir
@@ -43,7 +44,9 @@ from qwen3_neuron.report.hydra_callbacks import sweep_exit_code
 from qwen3_neuron.report.loss_check import check_first_loss
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, sweep_job_value, sweep_stop_reason, write_summary
-from qwen3_neuron.run_dir import EXPORT_FILE, LOG_FILE, METRICS_FILE, RANKS_LOG_DIR, Handoff, PlannedRun, read_json
+from qwen3_neuron.run_dir import (
+    EXPORT_FILE, LOG_FILE, METRICS_FILE, RANKS_LOG_DIR, Handoff, PlannedRun, read_json, summarize_replacements,
+)  # fmt: skip
 
 if TYPE_CHECKING:
     from qwen3_neuron.config.plan import Plan
@@ -95,10 +98,14 @@ def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModel
     """A dry run or `run.show_data`: the plan, made and recorded here (importing torchtitan)."""
     from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
 
+    quiet_console(settings.run.verbose)
     plan = make_plan(composed, job.run_dir, None, model_dir)
     record_plan(plan, job.run_dir, [])  # its warnings: printed as it made them
     if settings.run.dry_run:
-        _print_plan(plan, job.run_dir)
+        _print_plan(plan, job.run_dir, settings.run.verbose)
+        if plan.refusal:  # the record stays: the plan is what the user asked to see
+            print(f"Config error: {plan.refusal}\n(a dry run: the plan above; a launch would stop here)", file=sys.stderr)
+            return job.finish(CONFIG_ERROR_EXIT)
     else:
         _show_data(plan, settings.run.show_data)
     return job.finish(0)
@@ -259,24 +266,42 @@ def _one_line(summary: dict) -> str:
     return f"{summary['status']}: {json.dumps(shown)}"
 
 
-def _print_plan(plan: Plan, run_dir: Path) -> None:
-    config = plan.trainer_config.to_dict()
-    spec = config["model_spec"]
-    config["model_spec"] = f"{spec['name']} {spec['flavor']} (full model config: trainer_config.json)"
-    print(json.dumps(config, indent=2, default=repr))
-    print(f"\n[qwen3-neuron] device: {plan.device}, world size {plan.world_size}")
-    print(f"[qwen3-neuron] {plan.memory.line()}")
-    counts = plan.parameters
-    print(f"[qwen3-neuron] parameters: {counts['trainable_parameters']:,} trainable of {counts['total_parameters']:,}")
-    for line in plan.replacements:
-        print(f"[qwen3-neuron] {line}")
+def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
+    """The plan, one line per fact; the memory verdict last (what a launch would be refused for)."""
+    from qwen3_neuron.config.layout import resolve_degrees  # torchtitan: imported by the plan already
+
+    config = plan.trainer_config
+    if verbose:
+        full = config.to_dict()
+        spec = full["model_spec"]
+        full["model_spec"] = f"{spec['name']} {spec['flavor']} (full model config: trainer_config.json)"
+        print(json.dumps(full, indent=2, default=repr))
+    say = lambda line: print(f"[qwen3-neuron] {line}")  # noqa: E731
+    counts, training, settings = plan.parameters, config.training, plan.settings
+    trainable = counts["trainable_parameters"]
+    say(f"model: {config.model_spec.name} {config.model_spec.flavor} (model={settings.model.kind}), "
+        f"{counts['total_parameters']:,} parameters, "
+        + ("all trainable" if trainable == counts["total_parameters"] else f"{trainable:,} trainable"))  # fmt: skip
+    degrees = resolve_degrees(config.parallelism, plan.world_size)
+    layout = ", ".join(
+        f"{name} {getattr(degrees, name)}" for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
+        if getattr(degrees, name) > 1
+    )  # fmt: skip
+    say(f"device: {plan.device}, world size {plan.world_size}" + (f" ({layout})" if layout else ""))
+    validation = f", validated every {config.validator.freq} steps" if config.validator.enable else ""
+    say(f"training: {training.steps} steps of {training.local_batch_size} x {training.seq_len} tokens per rank, "
+        f"data={settings.data.kind}{validation}")  # fmt: skip
+    for line in summarize_replacements(plan.replacements):
+        say(f"override: {line}")
     for line in (plan.compile_cache, plan.static_shapes):
         if line:
-            print(f"[qwen3-neuron] {line}")
+            say(line)
     for note in plan.notes:
-        print(f"[qwen3-neuron] note: {note}")
-    print(f"[qwen3-neuron] command: {plan.command_line()}")
-    print(f"[qwen3-neuron] dry run: nothing started; record in {run_dir}")
+        say(f"note: {note}")
+    say(f"command: {plan.command_line()}")
+    shown = "" if verbose else "; run.verbose=true prints it too"
+    say(f"dry run: nothing started; the full config: {run_dir / 'trainer_config.json'}{shown}")
+    say(plan.memory.line())
 
 
 def _show_data(plan: Plan, count: int) -> None:
