@@ -115,6 +115,8 @@ PLAN_TIME = [
     (["data=mix", "data.sources=[{files:'{bad}/texts.jsonl',wieght:2}]"], ["data.sources[0].wieght", "'weight'"]),
     (["data.files=/tmp/corpus.jsonl"], ["data.files applies to data=text|chat|mix", "data=tiny"]),
     (["data=c4"], ["dataloader.dataset=c4: allenai/c4 is not in the local HF cache", "hf download allenai/c4"]),
+    (["model=hf", "model.hf_model=nobody/no-such-model"],
+     ["model.hf_model=nobody/no-such-model: not a local dir and not in the Hugging Face cache", "`hf download nobody/no-such-model`"]),
     (["data=text", "run.objective=val_los"], ["run.objective", "'val_loss'"]),
 ]  # fmt: skip
 
