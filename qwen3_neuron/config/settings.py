@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from qwen3_neuron.config.fields import apply_fields
+from qwen3_neuron.data.sources import resolve_files
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
+
+MOE_KERNELS = "qwen3_neuron.kernels.moe."  # factories replacing MoE experts (kernels=blockwise|nki)
 
 
 @dataclass(kw_only=True)
@@ -270,6 +273,11 @@ def check_settings(settings: Settings, device: str) -> None:
     if model.kind != "moe" and stray:
         raise ConfigError(f"model.{stray[0]} applies to model=moe only (this is model={model.kind}).")
     kernels = settings.kernels
+    if kernels.factories and model.kind != "moe" and all(f.startswith(MOE_KERNELS) for f in kernels.factories):
+        raise ConfigError(
+            f"kernels={kernels.name} replaces the experts of torchtitan's MoE layers, and model={model.kind} "
+            "has none: use model=moe (e.g. model=moe kernels=blockwise), or kernels=none."
+        )
     if device not in kernels.devices:
         raise ConfigError(
             f"kernels={kernels.name} needs device {' or '.join(kernels.devices)}, "
@@ -277,6 +285,21 @@ def check_settings(settings: Settings, device: str) -> None:
         )
     if settings.finetune.method == "lora":
         _check_lora_numbers(settings.finetune)
+    _check_data_files(settings.data)
+
+
+def _check_data_files(data: DataSettings) -> None:
+    """Local data files that are not there, named before anything imports torchtitan or datasets
+    (the plan reads their first rows later)."""
+    if data.kind not in ("text", "chat", "mix"):
+        return
+    named = {"data.files": data.files, "data.val_files": data.val_files}
+    if data.kind == "mix":
+        named = {"data.val_files": data.val_files}
+        named.update({f"data.sources[{i}].files": source.get("files") for i, source in enumerate(data.sources)})
+    for key, files in named.items():
+        if files:
+            resolve_files(files, key)
 
 
 def _check_lora_numbers(finetune: FinetuneSettings) -> None:
