@@ -317,6 +317,25 @@ def test_progress_prints_plain_lines_when_not_on_a_terminal(tmp_path):
     assert all(line.endswith("ETA --") for line in lines[1:] if "step 1/4" in line)  # no pace yet
 
 
+def test_progress_prints_each_step_once_with_its_validation(tmp_path):
+    """Not on a terminal: steps read in one poll each get their line, and a step's validation,
+    logged after it, is on that step's one line."""
+    metrics, out = tmp_path / "metrics.jsonl", io.StringIO()
+    progress = Progress(metrics, total_steps=3, stream=out)
+
+    def log(*records):
+        with open(metrics, "a") as f:
+            f.write("".join(json.dumps(record) + "\n" for record in records))
+        progress._poll()
+
+    log({"step": 1, "loss": 7.5, "elapsed_seconds": 1.0})
+    log({"step": 1, "val_loss": 7.25})
+    log({"step": 2, "loss": 7.0, "elapsed_seconds": 2.0}, {"step": 3, "loss": 6.5, "elapsed_seconds": 3.0})
+    progress.stop()
+    steps = [line.split("  ")[1] + "  " + line.split("  ")[3] for line in out.getvalue().splitlines()]
+    assert steps == ["step 1/3  val 7.2500", "step 2/3  val 7.2500", "step 3/3  val 7.2500"]
+
+
 def test_progress_redraws_one_line_on_a_terminal(tmp_path):
     out = FakeTerminal()
     feed_progress(tmp_path / "metrics.jsonl", out)
