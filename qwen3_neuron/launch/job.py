@@ -43,7 +43,7 @@ from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir
 from qwen3_neuron.report.hydra_callbacks import sweep_exit_code
 from qwen3_neuron.report.loss_check import check_first_loss
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
-from qwen3_neuron.report.summary import summarize, sweep_job_value, sweep_stop_reason, write_summary
+from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value, sweep_stop_reason, write_summary
 from qwen3_neuron.run_dir import (
     EXPORT_FILE, LOG_FILE, METRICS_FILE, RANKS_LOG_DIR, Handoff, PlannedRun, read_json, summarize_replacements,
 )  # fmt: skip
@@ -251,7 +251,8 @@ class _Job:
             summary.update(status="failed", exit_code=exit_code, error=summary["error"] or verdict.message)
         summary.update(verdict.summary_fields(mode))  # first_loss, random_init_loss_reference, first_loss_check
         write_summary(self.run_dir, summary)
-        print(f"[qwen3-neuron] {_one_line(summary)}\n[qwen3-neuron] run dir: {self.run_dir}")
+        for line in [*summary_lines(summary), f"run dir: {self.run_dir} (every figure: summary.json)"]:
+            print(f"[qwen3-neuron] {line}")
         code = exit_code or (1 if summary["status"] != "completed" else 0)
         value = None
         if not self.single_run:
@@ -259,11 +260,6 @@ class _Job:
                 summary, run.objective, stop_on_failure=run.stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
             )
         return self.finish(code, value)
-
-
-def _one_line(summary: dict) -> str:
-    shown = {k: v for k, v in summary.items() if k != "overrides" and v is not None}
-    return f"{summary['status']}: {json.dumps(shown)}"
 
 
 def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
