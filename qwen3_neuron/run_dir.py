@@ -2,6 +2,7 @@
 is read or written. Both sides of torchrun import this module; it imports nothing of either.
 
     <run dir>/job.yaml            the resolved composed config; workers rebuild from it
+    <run dir>/trainer_config.json the final torchtitan config, for people (and a refused resume's message)
     <run dir>/.plan_*.<token>     the plan's request, result or error while torchrun starts (below)
     <run dir>/failure.json        rank 0's error and last good checkpoint, when training raised
     <run dir>/export.json         rank 0's HF export: the summary's export_dir (adapter_dir), or its error
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 JOB_FILE = "job.yaml"
+TRAINER_CONFIG_FILE = "trainer_config.json"
 FAILURE_FILE = "failure.json"
 EXPORT_FILE = "export.json"
 LOG_FILE = "train.log"

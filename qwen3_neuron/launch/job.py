@@ -31,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from qwen3_neuron.config.hydra_setup import register_resolvers
 from qwen3_neuron.config.record import record_plan
-from qwen3_neuron.config.resume import resumed_config
+from qwen3_neuron.config.resume import newest_checkpoint, resumed_config
 from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.errors import ConfigError
@@ -78,6 +78,13 @@ def run_job(cfg: DictConfig) -> float | None:
         composed = OmegaConf.to_container(cfg, resolve=True)
         if composed["run"]["resume"]:
             composed = resumed_config(job.run_dir, composed, list(hydra_config.overrides.task))
+            checkpoint, step = newest_checkpoint(job.run_dir, composed)
+            steps = composed["training"]["steps"]
+            if step >= steps:  # the run dir, its summary included, stays as it is
+                print(f"[qwen3-neuron] run.resume: nothing left to train: {checkpoint} is step {step} of "
+                      f"training.steps={steps} (training.steps=N trains on to step N)")  # fmt: skip
+                return job.finish(0)
+            print(f"[qwen3-neuron] resuming from {checkpoint} (step {step} of {steps})")
         composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
         settings = parse_settings(composed)  # the framework's own sections: typos need no torchtitan
         model_dir = find_model_dir(settings.model.hf_model) if settings.model.kind == "hf" else None
