@@ -158,7 +158,8 @@ def _model_update_message(config, world_size: int, error: str) -> str:
         return (
             f"parallelism.pipeline_parallel_degree={parallelism.pipeline_parallel_degree}: {name} ties "
             "its input and output embeddings, which torchtitan cannot split into pipeline stages "
-            f"(\"{error}\"). Use FSDP/TP for it, or an untied model."
+            f"(\"{error}\"). Use FSDP/TP for it, or an untied model"
+            + (" (model.flavor=tiny_untied is the tiny one untied)." if spec.flavor == "tiny" else ".")
         )
     if "RoPE maximum" in error:
         return f"training.seq_len={config.training.seq_len} is too long for {name}: {error}"
