@@ -3,9 +3,11 @@
 The run continues with the config it recorded (`job.yaml`), in its own run dir, so torchtitan's
 checkpoint manager finds its `step-N` folders there and restores model, optimizer, scheduler,
 data position and step. What the resuming command line may change: `run.*` and `training.steps`
-(to train longer); anything else it sets must equal the recorded value, or the plan refuses.
+(to train longer), `checkpoint.load_step` (which checkpoint, for this launch only); anything else
+it sets must equal the recorded value, or the plan refuses.
 A `step-N` folder without DCP's `.metadata` (written last) was cut short and is never picked,
-by torchtitan's own rule, which `complete_steps` mirrors to say where the run will continue.
+by torchtitan's own rule, which `complete_steps` mirrors to say where the run will continue; a
+complete one whose files do not match its `.metadata` is skipped too (`worker.checkpoint_check`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from omegaconf import OmegaConf
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.run_dir import JOB_FILE, TRAINER_CONFIG_FILE, complete_steps, read_job
 
-CHANGEABLE_ON_RESUME = ("run", "training.steps", "hydra")
+CHANGEABLE_ON_RESUME = ("run", "training.steps", "checkpoint.load_step", "hydra")
 
 
 def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: list[str]) -> dict[str, Any]:
@@ -41,6 +43,9 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
     resumed = copy.deepcopy(recorded)
     resumed["run"] = dict(composed["run"])
     resumed["training"]["steps"] = composed["training"]["steps"] if _typed("training.steps", typed_overrides) else recorded["training"]["steps"]
+    # which checkpoint: this launch's choice alone (the next resume takes the newest intact one again)
+    load_step = composed["checkpoint"]["load_step"] if _typed("checkpoint.load_step", typed_overrides) else -1
+    resumed.setdefault("checkpoint", {})["load_step"] = load_step
     return resumed
 
 
@@ -48,10 +53,11 @@ def checkpoint_folder(run_dir: Path, config: Mapping) -> Path:
     return run_dir / config.get("checkpoint", {}).get("folder", "checkpoint")
 
 
-def newest_checkpoint(run_dir: Path, resumed: Mapping) -> tuple[Path, int]:
-    """The checkpoint torchtitan will load for a resumed config, and its step."""
-    step = complete_steps(checkpoint_folder(run_dir, resumed))[-1]
-    return checkpoint_folder(run_dir, resumed) / f"step-{step}", step
+def resume_step(run_dir: Path, resumed: Mapping) -> int:
+    """The step a resumed config continues from: `checkpoint.load_step`, else the newest complete
+    checkpoint (the plan sets a damaged one aside and names the one it loads)."""
+    load_step = resumed["checkpoint"]["load_step"]
+    return load_step if load_step != -1 else complete_steps(checkpoint_folder(run_dir, resumed))[-1]
 
 
 def _refuse_changes(run_dir: Path, recorded: Mapping, composed: Mapping, typed_overrides: list[str]) -> None:
@@ -64,7 +70,8 @@ def _refuse_changes(run_dir: Path, recorded: Mapping, composed: Mapping, typed_o
             shown = repr(_plain(before)) if before is not None else _trained_value(run_dir, key)
             raise ConfigError(
                 f"run.resume continues the recorded config, but this command changes '{key}' "
-                f"({shown} -> {_plain(after)!r}). Only run.* and training.steps may change."
+                f"({shown} -> {_plain(after)!r}). Only run.*, training.steps and "
+                "checkpoint.load_step may change."
             )
 
 

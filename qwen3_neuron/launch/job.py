@@ -31,22 +31,31 @@ from omegaconf.errors import OmegaConfBaseException
 
 from qwen3_neuron.config.hydra_setup import register_resolvers
 from qwen3_neuron.config.record import record_plan
-from qwen3_neuron.config.resume import newest_checkpoint, resumed_config
+from qwen3_neuron.config.resume import resume_step, resumed_config
 from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
-from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.errors import ConfigError, RunDirInUse
 from qwen3_neuron.launch import slurm
 from qwen3_neuron.launch.console import quiet_console
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
+from qwen3_neuron.launch.run_lock import RunDirLock
 from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir
 from qwen3_neuron.report.hydra_callbacks import sweep_exit_code
 from qwen3_neuron.report.loss_check import check_first_loss
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value, sweep_stop_reason, write_summary
 from qwen3_neuron.run_dir import (
-    EXPORT_FILE, LOG_FILE, METRICS_FILE, RANKS_LOG_DIR, Handoff, PlannedRun, read_json, summarize_replacements,
-)  # fmt: skip
+    EXPORT_FILE,
+    LOCK_FILE,
+    LOG_FILE,
+    METRICS_FILE,
+    RANKS_LOG_DIR,
+    Handoff,
+    PlannedRun,
+    read_json,
+    summarize_replacements,
+)
 
 if TYPE_CHECKING:
     from qwen3_neuron.config.plan import Plan
@@ -73,18 +82,37 @@ def run_job(cfg: DictConfig) -> float | None:
     if stopped_by:
         write_summary(job.run_dir, summarize(job.run_dir, "skipped", 0.0, error=f"not run: {stopped_by}"))
         return None
+    try:  # before anything in the run dir is read or written: a live launch there owns it
+        lock = RunDirLock.take(job.run_dir, _node_rank(cfg))
+    except RunDirInUse as e:
+        print(f"Run dir in use: {e}", file=sys.stderr)
+        return job.finish(CONFIG_ERROR_EXIT)  # its owner's dir: nothing written, nothing removed
+    try:
+        return _run_job_in(cfg, job, hydra_config)
+    finally:
+        lock.release()
+
+
+def _node_rank(cfg: DictConfig) -> int:
+    """This node's rank (a SLURM task's from its environment): each node locks the run dir apart."""
+    try:
+        return int(slurm.with_node_settings({"run": OmegaConf.to_container(cfg.run, resolve=True)})["run"]["node_rank"])
+    except (ConfigError, OmegaConfBaseException, KeyError, TypeError, ValueError):
+        return 0  # a bad value: the job's settings name it, holding node 0's lock meanwhile
+
+
+def _run_job_in(cfg: DictConfig, job: _Job, hydra_config) -> float | None:
+    """The job, once it owns its run dir."""
     workers = None
     try:
         composed = OmegaConf.to_container(cfg, resolve=True)
         if composed["run"]["resume"]:
             composed = resumed_config(job.run_dir, composed, list(hydra_config.overrides.task))
-            checkpoint, step = newest_checkpoint(job.run_dir, composed)
-            steps = composed["training"]["steps"]
+            step, steps = resume_step(job.run_dir, composed), composed["training"]["steps"]
             if step >= steps:  # the run dir, its summary included, stays as it is
-                print(f"[qwen3-neuron] run.resume: nothing left to train: {checkpoint} is step {step} of "
+                print(f"[qwen3-neuron] run.resume: nothing left to train: its checkpoint step-{step} is at "
                       f"training.steps={steps} (training.steps=N trains on to step N)")  # fmt: skip
                 return job.finish(0)
-            print(f"[qwen3-neuron] resuming from {checkpoint} (step {step} of {steps})")
         composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
         settings = parse_settings(composed)  # the framework's own sections: typos need no torchtitan
         model_dir = find_model_dir(settings.model.hf_model) if settings.model.kind == "hf" else None
@@ -222,6 +250,8 @@ class _Job:
     def train(self, settings: Settings, planned: PlannedRun, workers: _Workers) -> float | None:
         """`workers`: waiting for go once their plan is made."""
         run, launch = settings.run, workers.launch
+        if planned.checkpoint.get("checkpoint_loaded"):
+            print(f"[qwen3-neuron] continuing from checkpoint {planned.checkpoint['checkpoint_loaded']} of {self.run_dir}")
         # before any worker builds: their metrics compute MFU against it
         write_run_dir_peak(self.run_dir, peak_for_run(launch.device, planned.dtype, launch.env), planned.world_size)
         progress = None
@@ -238,6 +268,8 @@ class _Job:
         exit_code, extra = result.returncode, {}
         if result.interrupted_by:
             extra["error"] = f"interrupted by {result.interrupted_by}"
+        elif status == "failed" and result.log_error:  # a full disk: rank 0's failure.json is missing too
+            extra["error"] = f"{result.log_error}; the end of the workers' output is printed above"
         if status == "completed" and planned.exports_hf:  # global rank 0 exported once training ended
             export = read_json(self.run_dir / EXPORT_FILE) or {"error": f"export failed: rank 0 wrote no {EXPORT_FILE}"}
             if "error" in export:
@@ -246,7 +278,8 @@ class _Job:
                 extra.update(export)
         summary = summarize(
             self.run_dir, status, time.time() - start,
-            exit_code=exit_code, overrides=planned.replacements_by_override(), **planned.parameters, **extra,
+            exit_code=exit_code, overrides=planned.replacements_by_override(), **planned.parameters,
+            **planned.checkpoint, **extra,
         )  # fmt: skip
         mode = settings.hf.first_loss_check
         verdict = check_first_loss(
@@ -320,8 +353,10 @@ def _show_data(plan: Plan, count: int) -> None:
 
 def _discard_hydra_only_dir(run_dir: Path) -> None:
     """A config error leaves nothing behind: drop the run dir Hydra made for this launch."""
-    if not run_dir.exists() or {p.name for p in run_dir.iterdir()} - {".hydra", "launch.log"}:
+    if not run_dir.exists():
         return
+    if {p.name for p in run_dir.iterdir() if not p.name.startswith(LOCK_FILE)} - {".hydra", "launch.log"}:
+        return  # more than Hydra wrote (this launch's lock, released after, goes with the dir)
     shutil.rmtree(run_dir)
     if not any(run_dir.parent.iterdir()):
         run_dir.parent.rmdir()  # the date folder, if this launch made it
