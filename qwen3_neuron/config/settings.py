@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from qwen3_neuron.config.fields import apply_fields
+from qwen3_neuron.data.sources import resolve_files
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
+
+MOE_KERNELS = "qwen3_neuron.kernels.moe."  # factories replacing MoE experts (kernels=blockwise|nki)
 
 
 @dataclass(kw_only=True)
@@ -104,13 +107,15 @@ class RunSettings:
     when checkpointing is on)."""
 
     dry_run: bool = False
-    """Print the final torchtitan config and torchrun command, write the run record, start nothing."""
+    """Print the plan (model, layout, torchrun command, then the memory verdict) and write the run
+    record, start nothing; the exit code is 2 when a launch would refuse this plan (it does not fit)."""
 
     resume: str | None = None
     """A run dir to continue from its newest complete checkpoint, with the config it recorded."""
 
     verbose: bool = False
-    """Show torchtitan's full log on screen; otherwise one progress line per job (train.log has it all)."""
+    """Show torchtitan's full log on screen (and a dry run's full config); otherwise one progress
+    line per job (train.log has it all)."""
 
     stop_on_failure: bool = False
     """Multirun: stop the sweep at the first failed job instead of recording it and going on."""
@@ -302,6 +307,11 @@ def check_settings(settings: Settings, device: str) -> None:
     if model.kind != "moe" and stray:
         raise ConfigError(f"model.{stray[0]} applies to model=moe only (this is model={model.kind}).")
     kernels = settings.kernels
+    if kernels.factories and model.kind != "moe" and all(f.startswith(MOE_KERNELS) for f in kernels.factories):
+        raise ConfigError(
+            f"kernels={kernels.name} replaces the experts of torchtitan's MoE layers, and model={model.kind} "
+            "has none: use model=moe (e.g. model=moe kernels=blockwise), or kernels=none."
+        )
     if device not in kernels.devices:
         raise ConfigError(
             f"kernels={kernels.name} needs device {' or '.join(kernels.devices)}, "
@@ -309,6 +319,21 @@ def check_settings(settings: Settings, device: str) -> None:
         )
     if settings.finetune.method == "lora":
         _check_lora_numbers(settings.finetune)
+    _check_data_files(settings.data)
+
+
+def _check_data_files(data: DataSettings) -> None:
+    """Local data files that are not there, named before anything imports torchtitan or datasets
+    (the plan reads their first rows later)."""
+    if data.kind not in ("text", "chat", "mix"):
+        return
+    named = {"data.files": data.files, "data.val_files": data.val_files}
+    if data.kind == "mix":
+        named = {"data.val_files": data.val_files}
+        named.update({f"data.sources[{i}].files": source.get("files") for i, source in enumerate(data.sources)})
+    for key, files in named.items():
+        if files:
+            resolve_files(files, key)
 
 
 def _check_lora_numbers(finetune: FinetuneSettings) -> None:

@@ -119,6 +119,29 @@ def exception_line(text: str) -> str | None:
     return None
 
 
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """How the run ended, for the screen: a few labelled lines (summary.json has every figure)."""
+    lines = [f"{summary['status']}: {summary['steps']} steps in {summary['wall_seconds']:.1f} s"]
+    if summary["first_loss"] is not None:
+        lines[0] += f"; loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}"
+    if summary.get("val_loss") is not None:
+        lines[0] += f" (validation {summary['val_loss']:.4f} at step {summary['val_step']})"
+    speed = []
+    if summary.get("tokens_per_second") is not None:
+        speed.append(f"{summary['tokens_per_second']:,.0f} tok/s")
+    if summary.get("mfu") is not None:
+        speed.append(f"mfu {100 * summary['mfu']:.2f}%")
+    memory = [f"{label} {summary[key]:.3g} GiB" for key, label in
+              (("peak_memory_gib", "peak"), ("tensor_memory_gib", "tensors"), ("memory_estimate_gib", "estimate"))
+              if summary.get(key) is not None]  # fmt: skip
+    if speed or memory:
+        lines.append("speed: " + (", ".join(speed) or "-") + "; memory per rank: " + (", ".join(memory) or "-"))
+    for key, label in (("export_dir", "HF export"), ("adapter_dir", "PEFT adapter"), ("error", "error")):
+        if summary.get(key):
+            lines.append(f"{label}: {summary[key]}")
+    return lines
+
+
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     write_json(run_dir / SUMMARY_FILE, summary)
 
