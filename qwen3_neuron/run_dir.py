@@ -221,8 +221,9 @@ def write_data_stats(run_dir: Path, rank: int, stats: dict[str, int]) -> None:
     write_json(folder / f"rank_{rank}.json", stats)
 
 
-def read_data_stats(run_dir: Path) -> dict[str, int] | None:
-    """Every rank's data counts added up; None when no rank wrote any (data=tiny, or no run)."""
+def read_data_stats(run_dir: Path) -> dict[str, int | float] | None:
+    """Every rank's data counts added up, and the job's `packing_efficiency`; None when no rank
+    wrote any (data=tiny, or no run)."""
     folder = run_dir / DATA_STATS_DIR
     files = sorted(folder.glob("rank_*.json")) if folder.is_dir() else []
     if not files:
@@ -231,4 +232,10 @@ def read_data_stats(run_dir: Path) -> dict[str, int] | None:
     for path in files:
         for name, value in json.loads(path.read_text()).items():
             total[name] = total.get(name, 0) + value
-    return total
+    return {**total, "packing_efficiency": packing_efficiency(total)}
+
+
+def packing_efficiency(stats: dict[str, int]) -> float | None:
+    """The share of the tokens handed out to training that are not padding."""
+    tokens = stats.get("tokens")
+    return (tokens - stats["padding_tokens"]) / tokens if tokens else None

@@ -210,6 +210,17 @@ class DataSettings:
     it, or split it into seq_len windows (text only: a conversation cut in two loses its
     context). Every case is counted in the log and summary.json (data_stats)."""
 
+    packing: Literal["best_fit", "greedy", "none"] = "best_fit"
+    """How whole documents (chat; text with overlong truncate|drop) fill training.seq_len samples:
+    best_fit: best-fit decreasing over `pack_buffer` waiting documents (what does not fit waits
+    for a later sample); greedy: in order, a sample that cannot take the next document is padded;
+    none: one document per sample. Text with overlong=split runs documents on across samples
+    instead (no padding). summary.json's packing_efficiency: the share of tokens not padding."""
+
+    pack_buffer: int = 64
+    """packing=best_fit: how many documents wait to be placed; each rank holds that many (in its
+    checkpoints too)."""
+
     streaming: bool = False
     """Stream rows instead of reading them map-style (corpora larger than memory)."""
 

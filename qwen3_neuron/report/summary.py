@@ -41,6 +41,7 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
     flops_per_token = records[-1].get("flops_per_token") if records else None
     peak = read_json(run_dir / PEAK_FLOPS_FILE)
     failure = read_json(run_dir / FAILURE_FILE) or {}
+    data_stats = read_data_stats(run_dir)
     summary = {
         "status": status,
         "steps": records[-1]["step"] if records else 0,
@@ -51,7 +52,9 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "val_perplexity": validations[-1]["val_perplexity"] if validations else None,
         "val_step": validations[-1]["step"] if validations else None,
         # data=text|chat|mix: what the ranks read and packed, and every overlong document's fate
-        "data_stats": read_data_stats(run_dir),
+        "data_stats": data_stats,
+        # of the tokens trained on, the share that is not padding (data_stats'; the sweep table's column)
+        "packing_efficiency": data_stats["packing_efficiency"] if data_stats else None,
         "tokens_per_second": tokens_per_second,
         # torchtitan's share of step time spent waiting for the next batch, %, median after step 1
         "data_wait_pct": statistics.median(waits) if waits else None,
