@@ -320,7 +320,8 @@ def test_show_data_prints_rank_0_samples_with_the_spans_without_loss_marked(tmp_
     from qwen3_neuron.config.plan import make_plan
     from qwen3_neuron.data.preview import show_samples
 
-    plan = make_plan(compose_config("data=chat", "training.seq_len=256", "run.show_data=1"), tmp_path / "run")
+    overrides = ("data=chat", "data.packing=greedy", "training.seq_len=256", "run.show_data=1")  # in row order
+    plan = make_plan(compose_config(*overrides), tmp_path / "run")
     text = show_samples(plan.trainer_config, 1, dp_world_size=2)
     first = json.loads(assets.chat_train_file.read_text().splitlines()[0])["messages"]
     assert text.startswith("=== sample 1 of rank 0: 2 document(s)")
