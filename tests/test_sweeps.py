@@ -24,6 +24,7 @@ from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.report.peak_flops import PeakFlops, cache_path, peak_flops
 from qwen3_neuron.report.summary import JobFailed, crash_error, summarize, sweep_job_value
 from qwen3_neuron.report.sweep_table import COLUMNS, read_overrides, write_report
+from qwen3_neuron.run_dir import write_data_stats
 
 # tiny and quick: every job of these sweeps starts one rank for three short steps
 SMALL = SWEEP_JOB
@@ -279,13 +280,16 @@ def test_report_of_a_sweep_whose_job_left_no_summary(tmp_path):
         (tmp_path / name / ".hydra").mkdir(parents=True)
         (tmp_path / name / ".hydra" / "overrides.yaml").write_text(f"- model.flavor={flavor}\n- training.steps=3\n")
     write_records(tmp_path / "0", [{"step": 1, "loss": 7.6}, {"step": 2, "loss": 7.1}])
+    for rank, padding in ((0, 100), (1, 4)):  # two ranks' data counts: 2 x 1024 tokens, 104 of them padding
+        write_data_stats(tmp_path / "0", rank, {"tokens": 1024, "padding_tokens": padding})
     (tmp_path / "0" / "summary.json").write_text(json.dumps(summarize(tmp_path / "0", "completed", 2.0)))
     report = write_report(tmp_path)
     assert report.varying == ["model.flavor"] and [job.name for job in report.failed] == ["1"]
     rows = csv_rows(tmp_path / "summary.csv")
-    assert [(r["model.flavor"], r["status"], r["final_loss"]) for r in rows] == [
-        ("tiny", "completed", "7.1"), ("debugmodel", "unknown", ""),
+    assert [(r["model.flavor"], r["status"], r["final_loss"], r["packing_efficiency"]) for r in rows] == [
+        ("tiny", "completed", "7.1", str(1944 / 2048)), ("debugmodel", "unknown", "", ""),
     ]  # fmt: skip
+    assert "| 7.1000 |  |  | 0.9492 |" in (tmp_path / "summary.md").read_text()  # final loss, val loss, tok/s, efficiency
     assert (tmp_path / "loss.png").read_bytes()[:8] == PNG_MAGIC
 
 
