@@ -13,12 +13,15 @@
    seq_len), and Martello and Toth's L2 lower bound on the number of samples, which also counts
    that no two documents longer than seq_len / 2 share a sample. data=text (documents flow on
    across samples) is measured on the tiny text set for comparison. Each pass also gives the
-   pipeline's tokens/s; the packings alternate, `--repeats` times.
+   pipeline's tokens/s; the packings alternate, `--repeats` times. Then best fit's efficiency
+   per `data.pack_buffer` (16 to 256), from the same documents in the same order.
 2. A short training run per packing on the long-tailed set (launch.py, 2 CPU ranks, seq_len 2048,
    batch 1), alternating, `--repeats` times: the trainer's tokens/s per rank (median of steps >= 2)
    and the trained tokens/s: that times the share of the tokens handed out that carry a loss
-   (summary.json's data_stats: label_tokens / tokens). Their ratio best_fit / greedy, and the
-   pipeline's tokens/s over the trainer's.
+   (summary.json's data_stats: label_tokens / tokens), the run's own and the whole set's (from
+   part 1: a short best-fit run starts on the longest conversations of its first buffer, whose
+   share of assistant tokens is higher). Their ratio best_fit / greedy, and the pipeline's
+   tokens/s over the trainer's.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from qwen3_neuron.assets.build import build_assets, stdlib_docstrings
 
 PACKINGS = ("greedy", "best_fit")
 TINY_SEQ_LEN, LONG_SEQ_LEN = 256, 2048
+BUFFERS = (16, 32, 64, 128, 256)  # data.pack_buffer values compared
 
 
 def write_long_tailed(path: Path, conversations: int, seed: int = 0) -> Path:
@@ -99,6 +103,18 @@ def bounds(lengths: list[int], seq_len: int) -> tuple[float, float]:
     return total / (least * seq_len), total / (samples * seq_len)
 
 
+def efficiency_by_buffer(lengths: list[int], seq_len: int) -> dict[int, float]:
+    """Best fit's packing efficiency for documents of `lengths` in this order, per data.pack_buffer."""
+    from qwen3_neuron.data.packing import Packer
+
+    efficiency = {}
+    for size in BUFFERS:
+        packer = Packer(seq_len, pad_id=0, packing="best_fit", buffer_size=size)
+        samples = [sample for n in lengths for sample in packer.add([0] * n, [0] * n)] + packer.flush()
+        efficiency[size] = sum(lengths) / (len(samples) * seq_len)
+    return efficiency
+
+
 def train(files: Path, packing: str, steps: int, run_dir: Path) -> dict:
     """A short 2-rank run on `files` at seq_len 2048: tokens/s per rank, share of tokens with a loss."""
     result = subprocess.run(
@@ -111,9 +127,9 @@ def train(files: Path, packing: str, steps: int, run_dir: Path) -> dict:
     if result.returncode != 0:
         raise SystemExit(f"data.packing={packing} run failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    tps = statistics.median(r["tps_per_device"] for r in records if "loss" in r and r["step"] >= 2)
+    steady = [r["tps_per_device"] for r in records if "loss" in r and r["step"] >= 2]
     stats = json.loads((run_dir / "summary.json").read_text())["data_stats"]
-    return {"tps": tps, "trained": tps * stats["label_tokens"] / stats["tokens"],
+    return {"tps": statistics.median(steady), "fastest": max(steady), "share": stats["label_tokens"] / stats["tokens"],
             "efficiency": stats["packing_efficiency"], "buffered": stats["buffered_documents"]}
 
 
@@ -176,19 +192,34 @@ def main() -> None:
     efficiency = [1 - r["stats"]["padding_tokens"] / r["stats"]["tokens"] for r in text]
     speed = values([r["tokens_per_second"] for r in text], "{:,.0f}")
     print(f"{'tiny text':12} {'(flow)':9} {values(efficiency):>24} {'':>7} {'':>8}   {speed}")
+    print(f"\nbest_fit per data.pack_buffer: {' '.join(f'{size:>7}' for size in BUFFERS)}")
+    for name, (_, seq_len) in sets.items():
+        by_buffer = efficiency_by_buffer(lengths[name], seq_len)
+        print(f"{name:29} {' '.join(f'{floor(e):7.4f}' for e in by_buffer.values())}")
     if args.no_training:
         return
-    print(f"\nlong-tailed set, training: 2 ranks, seq_len {LONG_SEQ_LEN}, batch 1, {args.steps} steps, "
-          "median of steps >= 2")
-    print(f"{'packing':9} {'efficiency':>10} {'buffered':>8} {'tok/s/rank per repeat':>24} "
-          f"{'trained tok/s/rank per repeat':>30}")  # fmt: skip
+    print(f"\nlong-tailed set, training: 2 ranks, seq_len {LONG_SEQ_LEN}, batch 1, {args.steps} steps; tok/s per "
+          "rank of steps >= 2: median, and the fastest step (the least disturbed on a shared machine); "
+          "trained tok/s: that x the share of tokens with a loss")  # fmt: skip
+    print(f"{'packing':9} {'run: efficiency':>15} {'loss share':>10} {'buffered':>8} {'tok/s/rank per repeat':>24} "
+          f"{'fastest step':>20} {'trained tok/s/rank per repeat':>30}")  # fmt: skip
     for packing in PACKINGS:
         runs = trained[packing]
-        print(f"{packing:9} {floor(runs[-1]['efficiency']):10.4f} {runs[-1]['buffered']:8} "
-              f"{values([r['tps'] for r in runs], '{:,.1f}'):>24} {values([r['trained'] for r in runs], '{:,.1f}'):>30}")
-    ratios = [b["trained"] / g["trained"] for g, b in zip(trained["greedy"], trained["best_fit"])]
-    print(f"trained tok/s, best_fit / greedy, per repeat: {values(ratios, '{:.3f}')}; "
-          f"median {statistics.median(ratios):.3f}")
+        print(f"{packing:9} {floor(runs[-1]['efficiency']):15.4f} {floor(runs[-1]['share']):10.4f} "
+              f"{runs[-1]['buffered']:8} {values([r['tps'] for r in runs], '{:,.1f}'):>24} "
+              f"{values([r['fastest'] for r in runs], '{:,.1f}'):>20} "
+              f"{values([r['tps'] * r['share'] for r in runs], '{:,.1f}'):>30}")  # fmt: skip
+    # Best fit hands out the longest conversations of its first buffer first, whose share of
+    # assistant tokens is higher; the whole set's share is what a long run trains at.
+    whole = {p: passes["long-tailed", p][-1]["stats"] for p in PACKINGS}
+    share = {p: whole[p]["label_tokens"] / whole[p]["tokens"] for p in PACKINGS}
+    for speed in ("tps", "fastest"):
+        for name, of in (("this run's", lambda r, p: r["share"]), ("the whole set's", lambda r, p: share[p])):
+            ratios = [b[speed] * of(b, "best_fit") / (g[speed] * of(g, "greedy"))
+                      for g, b in zip(trained["greedy"], trained["best_fit"])]  # fmt: skip
+            print(f"trained tok/s best_fit / greedy ({'median' if speed == 'tps' else 'fastest'} step, {name} "
+                  f"loss share), per repeat: {values(ratios, '{:.3f}')}; median {statistics.median(ratios):.3f}")
+    print(f"whole set's loss share: greedy {floor(share['greedy']):.4f}, best_fit {floor(share['best_fit']):.4f}")
     pipeline = [r["tokens_per_second"] for r in passes["long-tailed", "best_fit"]]
     trainer = [r["tps"] for r in trained["best_fit"]]
     print(f"pipeline (best_fit, long-tailed) tok/s over the trainer's tok/s per rank: "

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from torchtitan.components.loss import IGNORE_INDEX
 
 OVERLONG = ("truncate", "drop", "split")
-PACKINGS = ("best_fit", "greedy", "none")
 
 # (inputs, labels, positions, padding): one seq_len sample and how many of its tokens are padding
 Sample = tuple[list[int], list[int], list[int], int]
@@ -65,7 +64,7 @@ def fit(inputs: list[int], labels: list[int], seq_len: int, overlong: str) -> tu
 class Packer:
     seq_len: int
     pad_id: int
-    packing: str = "best_fit"  # one of PACKINGS, or "flow"
+    packing: str = "best_fit"  # best_fit | greedy | none (data.packing), or flow
     buffer_size: int = 64  # best_fit: documents waiting before a sample is filled from them
     waiting: list[Piece] = field(default_factory=list)  # best_fit: longest first, in arrival order among equals
     # greedy / flow: the sample being filled
