@@ -16,7 +16,6 @@ from omegaconf import DictConfig
 
 from qwen3_neuron.config.hydra_setup import experiment_without_plus, register
 
-
 _composed = False  # Hydra got as far as a job
 
 

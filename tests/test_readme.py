@@ -20,7 +20,7 @@ from qwen3_neuron.config.plan import make_plan
 
 
 def readme_commands() -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
     return [line for block in blocks for line in block.splitlines() if "launch.py" in line]
 
 

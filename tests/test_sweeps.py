@@ -331,6 +331,8 @@ def test_the_end_of_a_run_is_a_few_labelled_lines():
         "speed: 2,173 tok/s, mfu 11.37%; memory per rank: peak 0.69 GiB, tensors 0.045 GiB, estimate 0.044 GiB",
         "HF export: /run/hf_export",
     ]
+    resumed = {**summary, "val_loss": None, "checkpoint_loaded": "step-8"}
+    assert summary_lines(resumed)[0] == "completed: 10 steps in 12.3 s; loss 7.6600 -> 6.5000; continued from checkpoint step-8"
 
 
 def test_progress_prints_each_step_once_with_its_validation(tmp_path):

@@ -51,6 +51,7 @@ from qwen3_neuron.run_dir import (
     LOG_FILE,
     METRICS_FILE,
     RANKS_LOG_DIR,
+    TRAINER_CONFIG_FILE,
     Handoff,
     PlannedRun,
     read_json,
@@ -312,7 +313,10 @@ def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
         spec = full["model_spec"]
         full["model_spec"] = f"{spec['name']} {spec['flavor']} (full model config: trainer_config.json)"
         print(json.dumps(full, indent=2, default=repr))
-    say = lambda line: print(f"[qwen3-neuron] {line}")  # noqa: E731
+
+    def say(line: str) -> None:
+        print(f"[qwen3-neuron] {line}")
+
     counts, training, settings = plan.parameters, config.training, plan.settings
     trainable = counts["trainable_parameters"]
     say(f"model: {config.model_spec.name} {config.model_spec.flavor} (model={settings.model.kind}), "
@@ -336,7 +340,7 @@ def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
         say(f"note: {note}")
     say(f"command: {plan.command_line()}")
     shown = "" if verbose else "; run.verbose=true prints it too"
-    say(f"dry run: nothing started; the full config: {run_dir / 'trainer_config.json'}{shown}")
+    say(f"dry run: nothing started; the full config: {run_dir / TRAINER_CONFIG_FILE}{shown}")
     say(plan.memory.line())
 
 

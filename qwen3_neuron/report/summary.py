@@ -126,6 +126,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines[0] += f"; loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}"
     if summary.get("val_loss") is not None:
         lines[0] += f" (validation {summary['val_loss']:.4f} at step {summary['val_step']})"
+    if summary.get("checkpoint_loaded"):
+        lines[0] += f"; continued from checkpoint {summary['checkpoint_loaded']}"
     speed = []
     if summary.get("tokens_per_second") is not None:
         speed.append(f"{summary['tokens_per_second']:,.0f} tok/s")
