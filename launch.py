@@ -6,7 +6,7 @@
     python launch.py run.dry_run=true
 
 Hydra runs in this process only; torchrun's workers rebuild the config from the run dir
-(qwen3_neuron.worker.train).
+(qwen3_neuron.worker.train). The launch exits with its jobs' outcome.
 """
 
 import sys
@@ -15,22 +15,25 @@ import hydra
 from omegaconf import DictConfig
 
 from qwen3_neuron.config.hydra_setup import experiment_without_plus, register
+from qwen3_neuron.process_exit import exit_without_teardown
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> float | None:
-    # imported once Hydra has composed: the job imports torchtitan (seconds), which a
-    # misspelled group option or a command-line typo need not wait for
-    from qwen3_neuron.launch.job import run_job
+def main() -> int:
+    outcomes = []  # one per job this process ran (a sweep's launcher may run them elsewhere)
 
-    return run_job(cfg)
+    @hydra.main(version_base="1.3", config_path="conf", config_name="config")
+    def run(cfg: DictConfig) -> float | None:
+        from qwen3_neuron.launch.job import run_job  # once composed: a misspelled group option need not wait
+
+        outcomes.append(run_job(cfg))
+        return outcomes[-1].objective
+
+    run()
+    from qwen3_neuron.launch.job import launch_exit_code  # after run(): Hydra's --help needs none of it
+    return launch_exit_code(outcomes)
 
 
 if __name__ == "__main__":
     register()  # torchtitan's sections and the project's resolvers, before Hydra composes
     sys.argv = experiment_without_plus(sys.argv)
-    main()
-    from qwen3_neuron.launch.job import exit_code
-    from qwen3_neuron.process_exit import exit_without_teardown
-
-    exit_without_teardown(exit_code())
+    exit_without_teardown(main())

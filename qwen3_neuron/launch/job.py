@@ -7,9 +7,9 @@ run (an HF export is global rank 0's, after training). A plan that fails stops t
 removes what they wrote (a resumed run's earlier logs stay), so a config error leaves what it
 always did. Dry runs and `run.show_data` plan here and start nothing.
 
-A single run and each job of a sweep go through `run_job`. It never exits the process: Hydra's
-job-end callbacks and log flushing run after it, and `exit_code()` decides the launch's exit
-code once, for single runs and sweeps alike.
+A single run and each job of a sweep go through `run_job`, which returns the job's `JobOutcome`.
+It never exits the process: Hydra's job-end callbacks and log flushing run after it, and
+launch.py exits with `launch_exit_code` of the outcomes, for single runs and sweeps alike.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from qwen3_neuron.launch import slurm
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir
-from qwen3_neuron.report.hydra_callbacks import sweep_exit_code
 from qwen3_neuron.report.loss_check import check_first_loss
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, sweep_job_value, sweep_stop_reason, write_summary
@@ -50,12 +49,28 @@ if TYPE_CHECKING:
 
 CONFIG_ERROR_EXIT = 2
 
-_single_run_exit: int | None = None  # set by a single run; a sweep's comes from its jobs' summaries
+
+@dataclasses.dataclass(frozen=True)
+class JobOutcome:
+    """How one job ended: its exit code (0 completed or dry run, 1 failed, interrupted or
+    skipped, 2 config error), its objective for a sweeper (None when it failed: the sweep goes
+    on unless run.stop_on_failure) and its summary (None when it wrote none)."""
+
+    exit_code: int
+    single_run: bool
+    objective: float | None = None
+    summary: dict | None = None
 
 
-def run_job(cfg: DictConfig) -> float | None:
-    """A single run records its exit code; a sweep job returns its objective to the sweeper
-    (None when it failed: recorded, and the sweep goes on unless run.stop_on_failure)."""
+def launch_exit_code(outcomes: list[JobOutcome]) -> int:
+    """A single run's own exit code; a sweep's: 1 if any of its jobs did not complete."""
+    if len(outcomes) == 1 and outcomes[0].single_run:
+        return outcomes[0].exit_code
+    return 1 if any(outcome.exit_code for outcome in outcomes) else 0
+
+
+def run_job(cfg: DictConfig) -> JobOutcome:
+    """One run, or one job of a sweep, from the config Hydra composed."""
     register_resolvers()  # a SLURM job resolves the config in a process of its own
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does: a user's kernel module beside them imports
@@ -68,8 +83,9 @@ def run_job(cfg: DictConfig) -> float | None:
     )
     stopped_by = job.sweep_dir and sweep_stop_reason(job.sweep_dir)
     if stopped_by:
-        write_summary(job.run_dir, summarize(job.run_dir, "skipped", 0.0, error=f"not run: {stopped_by}"))
-        return None
+        summary = summarize(job.run_dir, "skipped", 0.0, error=f"not run: {stopped_by}")
+        write_summary(job.run_dir, summary)
+        return JobOutcome(1, single_run=False, summary=summary)
     workers = None
     try:
         composed = OmegaConf.to_container(cfg, resolve=True)
@@ -91,7 +107,7 @@ def run_job(cfg: DictConfig) -> float | None:
     return job.train(settings, planned, workers)
 
 
-def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModelDir | None) -> float | None:
+def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModelDir | None) -> JobOutcome:
     """A dry run or `run.show_data`: the plan, made and recorded here (importing torchtitan)."""
     from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
 
@@ -101,7 +117,7 @@ def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModel
         _print_plan(plan, job.run_dir)
     else:
         _show_data(plan, settings.run.show_data)
-    return job.finish(0)
+    return JobOutcome(0, job.single_run)
 
 
 class _Workers:
@@ -176,36 +192,24 @@ def _start_workers(settings: Settings, run_dir: Path, composed: dict, model_dir:
     return _Workers(launch, run_dir, settings.run.verbose, request)
 
 
-def exit_code() -> int:
-    """The launch's exit code: a single run's (0 completed or dry run, 1 failed or interrupted,
-    2 config error); after a sweep, 1 if any of its jobs failed."""
-    swept = sweep_exit_code()
-    return swept if swept is not None else (_single_run_exit or 0)
-
-
 class _Job:
     def __init__(self, run_dir: Path, single_run: bool, label: str, sweep_dir: Path | None):
         self.run_dir, self.single_run, self.label, self.sweep_dir = run_dir, single_run, label, sweep_dir
 
-    def finish(self, code: int, value: float | None = None) -> float | None:
-        global _single_run_exit
-        if self.single_run:
-            _single_run_exit = code
-        return value
-
-    def config_error(self, error: Exception, stop_on_failure: bool) -> float | None:
+    def config_error(self, error: Exception, stop_on_failure: bool) -> JobOutcome:
         print(f"Config error: {error}", file=sys.stderr)
         if self.single_run:
             _discard_hydra_only_dir(self.run_dir)
-            return self.finish(CONFIG_ERROR_EXIT)
+            return JobOutcome(CONFIG_ERROR_EXIT, single_run=True)
         # a sweep job: its dir stays, with a summary the sweep table reads
         summary = summarize(self.run_dir, "failed", 0.0, error=f"config error: {error}", exit_code=CONFIG_ERROR_EXIT)
         write_summary(self.run_dir, summary)
-        return sweep_job_value(
+        value = sweep_job_value(
             summary, "final_loss", stop_on_failure=stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
         )
+        return JobOutcome(CONFIG_ERROR_EXIT, single_run=False, objective=value, summary=summary)
 
-    def train(self, settings: Settings, planned: PlannedRun, workers: _Workers) -> float | None:
+    def train(self, settings: Settings, planned: PlannedRun, workers: _Workers) -> JobOutcome:
         """`workers`: waiting for go once their plan is made."""
         run, launch = settings.run, workers.launch
         # before any worker builds: their metrics compute MFU against it
@@ -219,7 +223,7 @@ class _Job:
         result = workers.go(progress)
         if run.node_rank > 0:  # multi-node: node 0 exports, checks and writes the job's summary
             print(f"[qwen3-neuron] node {run.node_rank}: torchrun exited {result.returncode}; node 0 reports the job")
-            return self.finish(result.returncode)
+            return JobOutcome(result.returncode, self.single_run)
         status = "interrupted" if result.interrupted_by else ("completed" if result.returncode == 0 else "failed")
         exit_code, extra = result.returncode, {}
         if result.interrupted_by:
@@ -251,7 +255,7 @@ class _Job:
             value = sweep_job_value(
                 summary, run.objective, stop_on_failure=run.stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
             )
-        return self.finish(code, value)
+        return JobOutcome(code, self.single_run, value, summary)
 
 
 def _one_line(summary: dict) -> str:
