@@ -157,9 +157,10 @@ def test_bad_input_fails_at_plan_time_naming_the_key(tmp_path, assets, bad_data,
     assert not run_dir.exists()
 
 
-# Caught by Hydra itself while composing, or by the framework's own settings (`check_settings`: the
-# kernels, top_k and LoRA rows), before torchrun starts (a model=hf dir that is not there too); or, the
-# training.stpes row, by the plan in torchrun's local rank 0, which stops every worker and removes
+# Caught by Hydra itself while composing, by the framework's own settings (`check_settings`: the
+# kernels, top_k and LoRA rows) or by torchtitan's keys as the launcher knows them (`trainer_keys`:
+# the training.stpes row), before torchrun starts (a model=hf dir that is not there too); or, the
+# training.steps=0 row, by the plan in torchrun's local rank 0, which stops every worker and removes
 # what torchrun wrote. Either way, checked through launch.py, whose process never imports torchtitan.
 LAUNCH_TIME = [
     (["model=nativ"], ["model/nativ", "native"]),
@@ -171,6 +172,7 @@ LAUNCH_TIME = [
     (["model.top_k=2"], ["model.top_k applies to model=moe only"]),
     (["finetune=lora", "finetune.rank=0"], ["finetune.rank must be a positive integer, got 0"]),
     (["training.stpes=3"], ["training.stpes", "'steps'"]),
+    (["training.steps=0"], ["training.steps must be a positive integer, got 0"]),
 ]
 
 

@@ -176,7 +176,7 @@ def test_a_missing_hf_config_stops_the_launch_naming_file_and_key(tmp_path):
 
 def test_an_hf_dir_of_another_architecture_is_refused_at_plan_time(tmp_path, assets):
     """The plan's check (local rank 0's in a launch, which then stops every worker: the
-    training.stpes row of tests/test_bad_inputs.py)."""
+    training.steps=0 row of tests/test_bad_inputs.py)."""
     moe = assets.tiny_qwen3_moe_dir
     overrides = ("model=native", "checkpointing=from_hf", f"checkpoint.initial_load_path={moe}")
     with pytest.raises(ConfigError) as error:

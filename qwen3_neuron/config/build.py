@@ -20,6 +20,7 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron.config.data import apply_data
 from qwen3_neuron.config.fields import apply_fields, unknown_key_message
 from qwen3_neuron.config.settings import SECTIONS, Settings, parse_settings
+from qwen3_neuron.config.trainer_keys import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.checkpoint import lora_checkpoint_config
@@ -27,13 +28,6 @@ from qwen3_neuron.finetune.lora import with_lora
 from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
 from qwen3_neuron.models.hf.model_dir import HFModelDir, read_model_dir
 from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec
-
-# Fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
-FRAMEWORK_OWNED = {"model_spec": "model.flavor", "dump_folder": "hydra.run.dir", "hf_model": "model.hf_model"}
-
-# `optimizer.lr=3e-4` and friends: set on every param group (torchtitan 0.3.0 keeps them in
-# `optimizer.param_groups[i].optimizer_kwargs`).
-OPTIMIZER_SHORTHANDS = ("lr", "weight_decay", "betas", "eps")
 
 # Metrics to metrics.jsonl: swapped in through torchtitan's own override registry.
 METRICS_OVERRIDE = "qwen3_neuron.worker.metrics.run_dir_metrics"
@@ -49,7 +43,7 @@ def build_trainer_config(
     settings = parse_settings(composed)
     if settings.model.kind == "hf" and model_dir is None:
         model_dir = read_model_dir(Path(settings.model.hf_model))
-    config = _base_config(settings.model.module, settings.model.config_fn)
+    config = base_config(settings.model.module, settings.model.config_fn)
     config.model_spec = _model_spec(settings, model_dir)
     apply_data(config, settings.data, run_dir)  # data=text|chat|mix: before the YAML sections refine it
     for section, values in composed.items():
@@ -88,7 +82,7 @@ def kernel_overrides(settings: Settings) -> list:
     return [*((factory, kernel_kwargs) for factory in kernels.factories), *kernels.overrides]
 
 
-def _base_config(module: str, config_fn: str) -> Trainer.Config:
+def base_config(module: str, config_fn: str) -> Trainer.Config:
     registry_name = _registry_name(module)
     try:
         registry = importlib.import_module(registry_name)

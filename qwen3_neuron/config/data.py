@@ -15,12 +15,11 @@ from pathlib import Path
 from torchtitan.trainer import Trainer
 
 from qwen3_neuron.config.fields import apply_fields
-from qwen3_neuron.config.settings import DataSettings
+from qwen3_neuron.config.settings import PACKED_KINDS, DataSettings
 from qwen3_neuron.data.dataset import DataSource
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.errors import ConfigError
 
-PACKED_KINDS = ("text", "chat", "mix")
 DATA_CACHE_DIR = "data_cache"  # in the run dir: datasets' Arrow cache of local files
 SOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(DataSource) if f.name not in ("format", "weight"))
 

@@ -144,6 +144,9 @@ class HFSettings:
     the run dir); null: <run dir>/hf_export."""
 
 
+PACKED_KINDS = ("text", "chat", "mix")  # the data kinds read into qwen3_neuron.data's PackedDataLoader
+
+
 @dataclass(kw_only=True)
 class DataSettings:
     kind: Literal["tiny", "c4", "text", "chat", "mix"] = "tiny"

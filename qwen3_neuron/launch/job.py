@@ -34,6 +34,7 @@ from qwen3_neuron.config.record import record_plan
 from qwen3_neuron.config.resume import resumed_config
 from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
+from qwen3_neuron.config.trainer_keys import check_trainer_keys
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch import slurm
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
@@ -93,6 +94,7 @@ def run_job(cfg: DictConfig) -> JobOutcome:
             composed = resumed_config(job.run_dir, composed, list(hydra_config.overrides.task))
         composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
         settings = parse_settings(composed)  # the framework's own sections: typos need no torchtitan
+        check_trainer_keys(composed, settings)  # nor do those in torchtitan's sections
         model_dir = find_model_dir(settings.model.hf_model) if settings.model.kind == "hf" else None
         if settings.run.dry_run or settings.run.show_data:  # nothing trains: planned here, nothing started
             return _plan_only(settings, job, composed, model_dir)
