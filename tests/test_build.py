@@ -13,6 +13,7 @@ import torch
 from conftest import compose_config, launch
 
 from qwen3_neuron.config.build import build_trainer_config
+from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.plan import make_plan
 from qwen3_neuron.config.record import write_record
 from qwen3_neuron.run_dir import read_job
@@ -60,7 +61,7 @@ def test_workers_rebuild_the_planned_config_without_the_plans_checks(tmp_path, a
     global _opened
     _opened = []
     try:
-        config = build_trainer_config(job, run_dir, job["device"]["type"])
+        config = build_trainer_config(Job.read(run_dir), run_dir)
     finally:
         opened, _opened = _opened, None
     read_from_model_dir = [Path(p).name for p in opened if p.startswith(str(snapshot.resolve()))]

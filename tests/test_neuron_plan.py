@@ -36,7 +36,7 @@ def test_moe_nki_plan_names_the_cache_dir_and_what_the_static_shape_check_covere
     plan = plan_for(tmp_path, *MOE_NKI)
     neff = str(user_cache / "neff")
     assert plan.env[devices.NEFF_CACHE_ENV] == neff  # the workers' env and command.sh
-    assert plan.job["device"] == {"type": "neuron", "cache_dir": neff}  # job.yaml: a resume reuses it
+    assert plan.job.composed["device"] == {"type": "neuron", "cache_dir": neff}  # job.yaml: a resume reuses it
     assert plan.compile_cache.startswith(f"compile cache: {neff} (TORCH_NEURONX_NEFF_CACHE_DIR; default")
     assert "outside its run dir" in plan.compile_cache
     assert plan.static_shapes == (

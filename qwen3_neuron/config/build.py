@@ -19,30 +19,25 @@ from torchtitan.trainer import Trainer
 
 from qwen3_neuron.config.data import apply_data
 from qwen3_neuron.config.fields import apply_fields, unknown_key_message
-from qwen3_neuron.config.settings import SECTIONS, Settings, parse_settings
+from qwen3_neuron.config.job import Job
+from qwen3_neuron.config.settings import SECTIONS, Settings
 from qwen3_neuron.config.trainer_keys import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.checkpoint import lora_checkpoint_config
 from qwen3_neuron.finetune.lora import with_lora
 from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
-from qwen3_neuron.models.hf.model_dir import HFModelDir, read_model_dir
+from qwen3_neuron.models.hf.model_dir import HFModelDir
 from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec
 
 # Metrics to metrics.jsonl: swapped in through torchtitan's own override registry.
 METRICS_OVERRIDE = "qwen3_neuron.worker.metrics.run_dir_metrics"
 
 
-def build_trainer_config(
-    composed: Mapping[str, Any], run_dir: Path, device: str, model_dir: HFModelDir | None = None
-) -> Trainer.Config:
-    """The final torchtitan config: base config function, flavour swap, YAML sections on top.
-
-    `model_dir`: model=hf's dir as the plan opened it; None reads `model.hf_model`, which the
-    plan recorded as a local path (the workers' case)."""
-    settings = parse_settings(composed)
-    if settings.model.kind == "hf" and model_dir is None:
-        model_dir = read_model_dir(Path(settings.model.hf_model))
+def build_trainer_config(job: Job, run_dir: Path) -> Trainer.Config:
+    """The final torchtitan config of a settled job (`Job.settled`): base config function,
+    flavour swap, YAML sections on top."""
+    settings, model_dir, device, composed = job.settings, job.model_dir, job.device, job.composed
     config = base_config(settings.model.module, settings.model.config_fn)
     config.model_spec = _model_spec(settings, model_dir)
     apply_data(config, settings.data, run_dir)  # data=text|chat|mix: before the YAML sections refine it

@@ -26,7 +26,8 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron.config import layout
 from qwen3_neuron.config.build import build_trainer_config
 from qwen3_neuron.config.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
-from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
+from qwen3_neuron.config.job import Job
+from qwen3_neuron.config.settings import Settings, check_settings
 from qwen3_neuron.config.static_shapes import check_static_shapes
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.data.checks import check_data
@@ -47,16 +48,19 @@ MUST_BE_POSITIVE = ("training.steps", "training.local_batch_size", "training.seq
 
 @dataclass
 class Plan:
-    settings: Settings
+    job: Job  # settled: the device and model dir as the workers take them (job.yaml)
     launch: WorkerLaunch  # the device, ranks per node, torchrun command and workers' environment
-    trainer_config: Trainer.Config
+    trainer_config: Trainer.Config  # local rank 0 trains with it
     replacements: list[str]  # torchtitan's "[Override] target: fqn Old -> New" lines
-    job: dict[str, Any]  # what the workers rebuild from (job.yaml): the device and model dir settled
     notes: list[str] = field(default_factory=list)  # what the plan settled or could not check
     memory: MemoryEstimate | None = None  # tensor memory per rank against the device's
     parameters: dict[str, int] = field(default_factory=dict)  # trainable_parameters, total_parameters
     compile_cache: str | None = None  # device=neuron: the NEFF cache dir and where that choice came from
     static_shapes: str | None = None  # device=neuron + compile: what the static-shape check covered
+
+    @property
+    def settings(self) -> Settings:
+        return self.job.settings
 
     @property
     def device(self) -> str:
@@ -97,7 +101,8 @@ def make_plan(
     the torchrun command already started for this run (`worker_launch` of the same settings);
     `model_dir`: model=hf's dir, found before it (`find_model_dir`); `warn`: where the plan's
     warnings and notes go (standard error; local rank 0 hands them to the launcher)."""
-    settings = parse_settings(composed)
+    job = Job.parse(composed)  # this process's one parse
+    settings = job.settings
     launch = launch or worker_launch(settings, run_dir)
     device, nproc = launch.device, launch.nproc_per_node
     check_settings(settings, device)
@@ -106,7 +111,8 @@ def make_plan(
     notes = [f"device={device} is not here ({missing}) - dry run: planned for it, not checked"] if missing else []
     model = settings.model
     model_dir = open_model_dir(model.hf_model, model.trust_remote_code, model_dir) if model.kind == "hf" else None
-    config = build_trainer_config(composed, run_dir, device, model_dir)
+    job = job.settled(device, launch.env.get(devices.NEFF_CACHE_ENV), model_dir)  # job.yaml
+    config = build_trainer_config(job, run_dir)
     world_size = nproc * settings.run.nnodes
     _check_positive(config)
     _check_worker_modes(config, world_size)
@@ -122,15 +128,15 @@ def make_plan(
     _check_export(config, settings)
     _check_local_paths(config)
     check_data(config, world_size)  # first rows only: fields, conversations, chat template, validation set
+    model_on_meta = meta_model(config)  # built once for the LoRA note, the counts and the estimate
     if settings.finetune.method == "lora":
-        notes.extend(_check_lora(config, settings, world_size, warn))
-    parameters = parameter_counts(config)
-    memory = estimate_memory(config, world_size, device, nproc)
+        notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
+    parameters = parameter_counts(model_on_meta)
+    memory = estimate_memory(config, world_size, device, nproc, model_on_meta)
     check_fit(memory, config, settings.run.memory_check, warn=warn)
     compile_cache = _compile_cache(settings, launch, notes)
-    job = _job(composed, device, model_dir, launch.env.get(devices.NEFF_CACHE_ENV))
     return Plan(
-        settings, launch, config, replacements, job, notes, memory, parameters, compile_cache, static_shapes,
+        job, launch, config, replacements, notes, memory, parameters, compile_cache, static_shapes,
     )  # fmt: skip
 
 
@@ -150,10 +156,10 @@ def _compile_cache(settings: Settings, launch: WorkerLaunch, notes: list[str]) -
     )
 
 
-def parameter_counts(config: Trainer.Config) -> dict[str, int]:
-    """Parameters of the model as built (meta device): those the optimizer gets, and all.
+def parameter_counts(model_on_meta) -> dict[str, int]:
+    """Parameters of the model as built (`meta_model`): those the optimizer gets, and all.
     finetune=lora: the adapters, and the frozen base plus the adapters."""
-    parameters = list(meta_model(config).parameters())  # a tied weight counted once
+    parameters = list(model_on_meta.parameters())  # a tied weight counted once
     return {
         "trainable_parameters": sum(p.numel() for p in parameters if p.requires_grad),
         "total_parameters": sum(p.numel() for p in parameters),
@@ -179,7 +185,9 @@ def _check_export(config: Trainer.Config, settings: Settings) -> None:
         ) from e
 
 
-def _check_lora(config: Trainer.Config, settings: Settings, world_size: int, warn: Callable[[str], None]) -> list[str]:
+def _check_lora(
+    config: Trainer.Config, settings: Settings, world_size: int, warn: Callable[[str], None], model_on_meta
+) -> list[str]:
     """finetune=lora: refuse what the adapters cannot do; the notes say what they do not cover."""
     if layout.resolve_degrees(config.parallelism, world_size).pp > 1:
         raise ConfigError(
@@ -187,7 +195,7 @@ def _check_lora(config: Trainer.Config, settings: Settings, world_size: int, war
             "for the export from every rank's model part. Use parallelism=fsdp (or tp)."
         )
     _check_lora_base(config, settings.model.kind)
-    built = meta_model(config) if settings.model.kind == "hf" else None  # HF's Linear layers: built, not configured
+    built = model_on_meta if settings.model.kind == "hf" else None  # HF's Linear layers: built, not configured
     note = uncovered_note(settings.finetune, config.model_spec.model, built)
     if not note:
         return []
@@ -211,18 +219,6 @@ def _check_lora_base(config: Trainer.Config, kind: str) -> None:
         "checkpoint of a full model cannot be the base (it holds no adapter keys): export it with "
         "checkpointing=export_hf and load that dir."
     )
-
-
-def _job(
-    composed: Mapping[str, Any], device: str, model_dir: HFModelDir | None, cache_dir: str | None
-) -> dict[str, Any]:
-    """The composed config as the workers rebuild from it: the device and its NEFF cache dir
-    resolved (a resumed run compiles into the same cache), and model=hf's dir as the local path
-    found here (a Hub id is never looked up again in a worker)."""
-    job = {**composed, "device": {**(composed.get("device") or {}), "type": device, "cache_dir": cache_dir}}
-    if model_dir is not None:
-        job["model"] = {**composed["model"], "hf_model": str(model_dir.path)}
-    return job
 
 
 def _check_worker_modes(config: Trainer.Config, world_size: int) -> None:

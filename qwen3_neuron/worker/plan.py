@@ -1,5 +1,6 @@
 """Local rank 0 of workers the launcher started before planning: make the plan, record it, and
-hand the launcher what it reports with (`run_dir.Handoff`).
+hand the launcher what it reports with (`run_dir.Handoff`); this rank then trains with the plan's
+job and `Trainer.Config` (built and checked once).
 
 The plan is the launcher's (`config.plan.make_plan`, the same call a dry run makes in the
 launcher); it runs here because this process has imported torchtitan anyway, and a third import
@@ -9,11 +10,15 @@ in the launcher would hold back every worker on a small host.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
+if TYPE_CHECKING:
+    from qwen3_neuron.config.plan import Plan
 
-def plan_for_the_launcher(run_dir: Path, handoff: Handoff) -> None:
+
+def plan_for_the_launcher(run_dir: Path, handoff: Handoff) -> Plan:
     """Record the plan and say it is ready; a config error is handed over and ends this rank."""
     from qwen3_neuron.config.plan import make_plan
     from qwen3_neuron.config.record import record_plan
@@ -33,3 +38,4 @@ def plan_for_the_launcher(run_dir: Path, handoff: Handoff) -> None:
         handoff.plan_failed(run_dir, str(e))
         raise SystemExit(PLAN_FAILED_EXIT) from None
     handoff.plan_ready(run_dir, planned)
+    return plan
