@@ -110,3 +110,36 @@ def test_local_tensor_mode_skips_training_as_torchtitan_does(tmp_path, assets):
     assert "Local tensor mode enabled - skipping training execution" in log
     assert (summary["status"], summary["steps"]) == ("completed", 0)
     assert not (run_dir / "checkpoint").exists() and not (run_dir / "structured_logs").exists()
+
+
+@pytest.mark.parametrize("overrides", [[], ["experiment=cpu_qwen3_tiny_lora"]], ids=["default", "lora"])
+def test_a_plan_parses_the_settings_builds_the_config_and_the_meta_model_once(tmp_path, assets, monkeypatch, overrides):
+    """What local rank 0 does before it trains (with the plan's job and config, building nothing
+    more); every other rank parses and builds once too (`Job.read`, `build_trainer_config`)."""
+    from collections import Counter
+
+    from qwen3_neuron.config import build, memory, plan, settings
+
+    counts = Counter()
+
+    def count(module, name, when=lambda *args: True):
+        original = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            counts[name] += when(*args)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    count(settings, "apply_fields", when=lambda node, values, path: path == "model")  # one per parse
+    count(build, "base_config")  # one per Trainer.Config built
+    count(plan, "meta_model")
+    count(memory, "meta_model")
+    composed = compose_config(*overrides)
+    counts.clear()  # what composing cost is Hydra's
+    planned = make_plan(composed, tmp_path / "run")
+    assert counts == {"apply_fields": 1, "base_config": 1, "meta_model": 1}
+    write_record(tmp_path / "run", planned.job, planned)
+    counts.clear()
+    build_trainer_config(Job.read(tmp_path / "run"), tmp_path / "run")  # the other ranks
+    assert counts == {"apply_fields": 1, "base_config": 1}
