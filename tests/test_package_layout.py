@@ -83,3 +83,19 @@ def test_nothing_imports_the_entrypoint():
 def test_data_is_reachable_from_both_sides_and_imports_neither():
     assert "qwen3_neuron.data.loader" in _reachable("qwen3_neuron.config")  # the plan and the workers build it
     assert _ours(_reachable("qwen3_neuron.data"), "config", "launch", "worker", "report") == []
+
+
+def test_no_module_of_ours_imports_itself_back():
+    """An import circle (lazy imports included) means two modules hold one concern between them."""
+    circles = []
+    for start in GRAPH:
+        seen, todo = set(), [m for m in GRAPH[start] if m in GRAPH]
+        while todo:
+            module = todo.pop()
+            if module == start:
+                circles.append(start)
+                break
+            if module not in seen:
+                seen.add(module)
+                todo += [m for m in GRAPH[module] if m in GRAPH]
+    assert circles == []

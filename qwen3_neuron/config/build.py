@@ -20,8 +20,7 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron.config.data import apply_data
 from qwen3_neuron.config.fields import apply_fields, unknown_key_message
 from qwen3_neuron.config.job import Job
-from qwen3_neuron.config.settings import SECTIONS, Settings
-from qwen3_neuron.config.trainer_keys import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS
+from qwen3_neuron.config.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, SECTIONS, Settings
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.checkpoint import lora_checkpoint_config

@@ -20,20 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from qwen3_neuron.config.fields import key_tree, unknown_key_message
-from qwen3_neuron.config.settings import PACKED_KINDS, SECTIONS, Settings
+from qwen3_neuron.config.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, PACKED_KINDS, SECTIONS, Settings
 from qwen3_neuron.errors import ConfigError
 
 KEYS_FILE = Path(__file__).with_name("trainer_keys.json")
 
 # The base configs the model groups name, as `<model.module>:<model.config_fn>`.
 BASE_CONFIGS = ("qwen3:qwen3_32b", "transformers_modeling_backend:transformers_modeling_backend_full")
-
-# Fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
-FRAMEWORK_OWNED = {"model_spec": "model.flavor", "dump_folder": "hydra.run.dir", "hf_model": "model.hf_model"}
-
-# `optimizer.lr=3e-4` and friends: set on every param group (torchtitan 0.3.0 keeps them in
-# `optimizer.param_groups[i].optimizer_kwargs`).
-OPTIMIZER_SHORTHANDS = ("lr", "weight_decay", "betas", "eps")
 
 
 def check_trainer_keys(composed: Mapping[str, Any], settings: Settings) -> None:
