@@ -109,7 +109,7 @@ def _export(config, settings, run_dir: Path) -> None:
     """The HF export (LoRA: adapter and merged model), recorded for the launcher's summary: the
     export's fields, or its error (the run then fails, its checkpoints kept)."""
     from qwen3_neuron.errors import ExportError
-    from qwen3_neuron.hf_io.export import export_run
+    from qwen3_neuron.hf_io.run_export import export_run
 
     try:
         record = export_run(config, run_dir, settings.finetune, settings.hf.export_dir)
