@@ -14,7 +14,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from qwen3_neuron.config.hydra_setup import experiment_without_plus, register
+from qwen3_neuron.launch.hydra_setup import experiment_without_plus, register
 from qwen3_neuron.process_exit import exit_without_teardown
 
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from conftest import SESSION_CACHE, compose_config, launch, processes_mentioning
 
-from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.planning.plan import make_plan
 from qwen3_neuron.errors import ConfigError
 
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"

@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import compose_config, launch
 
-from qwen3_neuron.config.build import build_trainer_config
+from qwen3_neuron.trainer_config.build import build_trainer_config
 from qwen3_neuron.config.job import Job
-from qwen3_neuron.config.plan import make_plan
-from qwen3_neuron.config.record import write_record
+from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.planning.record import write_record
 from qwen3_neuron.run_dir import read_job
 
 _opened: list[str] | None = None  # the files opened while a test records, else None
@@ -118,7 +118,7 @@ def test_a_plan_parses_the_settings_builds_the_config_and_the_meta_model_once(tm
     more); every other rank parses and builds once too (`Job.read`, `build_trainer_config`)."""
     from collections import Counter
 
-    from qwen3_neuron.config import build, memory, plan, settings
+    from qwen3_neuron.trainer_config import build, memory, plan, settings
 
     counts = Counter()
 

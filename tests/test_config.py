@@ -9,8 +9,8 @@ import pytest
 from conftest import compose_config, launch
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config.hydra_setup import TRAINER_SECTIONS
-from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.launch.hydra_setup import TRAINER_SECTIONS
+from qwen3_neuron.planning.plan import make_plan
 from qwen3_neuron.config.settings import parse_settings
 from qwen3_neuron.config.trainer_keys import KEYS_FILE, check_trainer_keys, trainer_keys
 from qwen3_neuron.errors import ConfigError

@@ -14,9 +14,9 @@ import json
 import pytest
 from conftest import compose_config, launch
 
-from qwen3_neuron.config.hydra_setup import experiment_without_plus
-from qwen3_neuron.config.layout import resolve_degrees
-from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.launch.hydra_setup import experiment_without_plus
+from qwen3_neuron.planning.layout import resolve_degrees
+from qwen3_neuron.planning.plan import make_plan
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.models.flavors import moe_dims

@@ -21,7 +21,7 @@ import torch
 from conftest import compose_config
 from safetensors.torch import load_file, save_file
 
-from qwen3_neuron.config.record import weights_were_loaded
+from qwen3_neuron.planning.record import weights_were_loaded
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.hf_io import export, verify
 from qwen3_neuron.models.flavors import native_model_spec

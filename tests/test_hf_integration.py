@@ -21,7 +21,7 @@ import torch
 from conftest import REPO, TINY, compose_config, launch, read_jsonl
 from safetensors.torch import load_file
 
-from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.planning.plan import make_plan
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.run_dir import read_job
 

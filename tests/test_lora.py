@@ -14,10 +14,10 @@ import torch
 from conftest import LORA_DROPOUT, compose_config, launch, read_jsonl
 from test_resume import as_of_checkpoint
 
-from qwen3_neuron.config.build import build_trainer_config
+from qwen3_neuron.trainer_config.build import build_trainer_config
 from qwen3_neuron.config.job import Job
-from qwen3_neuron.config.memory import meta_model
-from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.planning.memory import meta_model
+from qwen3_neuron.planning.plan import make_plan
 from qwen3_neuron.config.settings import parse_settings
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.lora import LoRADropoutConverter

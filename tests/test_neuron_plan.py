@@ -7,8 +7,8 @@ import pytest
 from conftest import compose_config
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
-from qwen3_neuron.config.plan import make_plan
-from qwen3_neuron.config.static_shapes import check_static_shapes
+from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.planning.static_shapes import check_static_shapes
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
 

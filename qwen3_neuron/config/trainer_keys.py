@@ -49,7 +49,7 @@ def _tree_for(settings: Settings) -> dict | None:
     if tree is None:
         return None
     data = settings.data
-    if data.kind in PACKED_KINDS:  # config.data.apply_data swaps these in before the YAML applies
+    if data.kind in PACKED_KINDS:  # trainer_config.data.apply_data swaps these in before the YAML applies
         packed = known["packed_dataloader"]
         tree = {**tree, "dataloader": packed}
         if data.val_files or data.val_fraction:
@@ -81,7 +81,7 @@ def _known() -> dict[str, Any]:
 
 def trainer_keys() -> dict[str, Any]:
     """What `trainer_keys.json` holds, from torchtitan's classes (imports torchtitan)."""
-    from qwen3_neuron.config.build import base_config
+    from qwen3_neuron.trainer_config.build import base_config
     from qwen3_neuron.data.dataset import DataSource
     from qwen3_neuron.data.loader import PackedDataLoader
 

@@ -29,9 +29,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from qwen3_neuron.config.hydra_setup import register_resolvers
-from qwen3_neuron.config.record import record_plan
-from qwen3_neuron.config.resume import resumed_config
+from qwen3_neuron.launch.hydra_setup import register_resolvers
+from qwen3_neuron.planning.record import record_plan
+from qwen3_neuron.launch.resume import resumed_config
 from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.config.trainer_keys import check_trainer_keys
@@ -46,7 +46,7 @@ from qwen3_neuron.report.summary import summarize, sweep_job_value, sweep_stop_r
 from qwen3_neuron.run_dir import EXPORT_FILE, LOG_FILE, METRICS_FILE, RANKS_LOG_DIR, Handoff, PlannedRun, read_json
 
 if TYPE_CHECKING:
-    from qwen3_neuron.config.plan import Plan
+    from qwen3_neuron.planning.plan import Plan
 
 CONFIG_ERROR_EXIT = 2
 
@@ -111,7 +111,7 @@ def run_job(cfg: DictConfig) -> JobOutcome:
 
 def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModelDir | None) -> JobOutcome:
     """A dry run or `run.show_data`: the plan, made and recorded here (importing torchtitan)."""
-    from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
+    from qwen3_neuron.planning.plan import make_plan  # imports torchtitan (seconds)
 
     plan = make_plan(composed, job.run_dir, None, model_dir)
     record_plan(plan, job.run_dir, [])  # its warnings: printed as it made them
@@ -287,7 +287,7 @@ def _print_plan(plan: Plan, run_dir: Path) -> None:
 
 def _show_data(plan: Plan, count: int) -> None:
     """run.show_data=N: rank 0's first N packed samples, in this process; nothing trains."""
-    from qwen3_neuron.config.layout import resolve_degrees  # torchtitan: imported when needed only
+    from qwen3_neuron.planning.layout import resolve_degrees  # torchtitan: imported when needed only
     from qwen3_neuron.data.preview import show_samples
 
     config = plan.trainer_config

@@ -1,10 +1,10 @@
-"""Stage 2, plan: composed config -> validated torchtitan `Trainer.Config` + torchrun command.
+"""Stage 4, plan: the job -> validated torchtitan `Trainer.Config` + torchrun command.
 
 No process is started and no device is touched here, so every config error surfaces before
 anything is built. It runs in local rank 0 of workers the launcher started before planning
 (`worker.plan`: that process imports torchtitan anyway), or in the launcher for a dry run and
-`run.show_data`. The plan builds the config (`config.build`, as the workers will from what it records)
-and checks it once: on a copy, it does what torchtitan's `Trainer.__init__` does to the config
+`run.show_data`. The plan builds the config (`trainer_config.build`: local rank 0 then trains
+with it, the other workers build it from what the plan records) and checks it once: on a copy, it does what torchtitan's `Trainer.__init__` does to the config
 before building anything (`ParallelDims`, the model's `update_from_config`, `apply_overrides`,
 `_validate_cuda_graphs`) and turns their errors into `ConfigError`s with what would fit; then
 the checks torchtitan lacks (`layout`, HF dirs, assets, torch capabilities, what the worker's
@@ -23,12 +23,12 @@ from typing import Any, Callable, Mapping
 from torchtitan.config.override import apply_overrides
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config import layout
-from qwen3_neuron.config.build import build_trainer_config
-from qwen3_neuron.config.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
+from qwen3_neuron.planning import layout
+from qwen3_neuron.trainer_config.build import build_trainer_config
+from qwen3_neuron.planning.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
 from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.settings import Settings, check_settings
-from qwen3_neuron.config.static_shapes import check_static_shapes
+from qwen3_neuron.planning.static_shapes import check_static_shapes
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.data.checks import check_data
 from qwen3_neuron.devices import policy as devices

@@ -1,4 +1,4 @@
-"""Stage 3, record: what a run dir holds besides Hydra's `.hydra/`, written by whichever process
+"""Stage 5, record: what a run dir holds besides Hydra's `.hydra/`, written by whichever process
 made the plan (the launcher, or local rank 0 of workers started before it: `run_dir.Handoff`).
 
 - `job.yaml`: the job (`config.job.Job`), settled: its composed config, resolved, with the

@@ -33,7 +33,7 @@ from torchtitan.hf_datasets.text_datasets import (
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config.layout import resolve_degrees
+from qwen3_neuron.planning.layout import resolve_degrees
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.models.hf.model_dir import HFModelDir

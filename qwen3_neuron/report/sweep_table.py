@@ -1,4 +1,4 @@
-"""Stage 6 for a multirun: one table and one plot over every job of a sweep.
+"""Stage 8 for a multirun: one table and one plot over every job of a sweep.
 
     python -m qwen3_neuron.report.sweep_table multirun/2026-12-02/14-03-07-123456
 

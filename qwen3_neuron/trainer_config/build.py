@@ -1,8 +1,8 @@
-"""Build the torchtitan `Trainer.Config` from a composed (or recorded) config. Both sides use it.
+"""Build the torchtitan `Trainer.Config` of a job (`config.job.Job`). Both sides use it.
 
-The plan (`config.plan`: in local rank 0, or the launcher) builds with it and then checks the
-result; the workers (`worker.train`) build with it from the run dir's `job.yaml` and check
-nothing again. So nothing here looks anything up or reads more than it needs to build: the
+The plan (`planning.plan`: in local rank 0, or the launcher) builds with it and then checks the
+result, and local rank 0 trains with that config; the other workers (`worker.train`) build with
+it from the run dir's `job.yaml` and check nothing again. So nothing here looks anything up or reads more than it needs to build: the
 model=hf dir is read once (`HFModelDir`), from the local path the plan resolved and recorded.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config.data import apply_data
+from qwen3_neuron.trainer_config.data import apply_data
 from qwen3_neuron.config.fields import apply_fields, unknown_key_message
 from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, SECTIONS, Settings

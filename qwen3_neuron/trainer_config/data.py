@@ -4,7 +4,7 @@ data=tiny / data=c4 leave both as the `dataloader` section wrote them (torchtita
 data sets). data=text / chat / mix make a `PackedDataLoader.Config` for training and, when a
 validation set is named (`data.val_files` or `data.val_fraction`), another one for torchtitan's
 `Validator`, which is then switched on. Both sides (plan and workers) call this through
-`config.build`; it reads no data.
+`trainer_config.build`; it reads no data.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 hand the launcher what it reports with (`run_dir.Handoff`); this rank then trains with the plan's
 job and `Trainer.Config` (built and checked once).
 
-The plan is the launcher's (`config.plan.make_plan`, the same call a dry run makes in the
+The plan is the launcher's (`planning.plan.make_plan`, the same call a dry run makes in the
 launcher); it runs here because this process has imported torchtitan anyway, and a third import
 in the launcher would hold back every worker on a small host.
 """
@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
 if TYPE_CHECKING:
-    from qwen3_neuron.config.plan import Plan
+    from qwen3_neuron.planning.plan import Plan
 
 
 def plan_for_the_launcher(run_dir: Path, handoff: Handoff) -> Plan:
     """Record the plan and say it is ready; a config error is handed over and ends this rank."""
-    from qwen3_neuron.config.plan import make_plan
-    from qwen3_neuron.config.record import record_plan
+    from qwen3_neuron.planning.plan import make_plan
+    from qwen3_neuron.planning.record import record_plan
     from qwen3_neuron.config.torchrun import WorkerLaunch
     from qwen3_neuron.errors import ConfigError
     from qwen3_neuron.models.hf.model_dir import HFModelDir

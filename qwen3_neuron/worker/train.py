@@ -1,4 +1,4 @@
-"""Stage 5, train: one torchrun worker. `python -m qwen3_neuron.worker.train <run_dir>`.
+"""Stage 6, train: one torchrun worker. `python -m qwen3_neuron.worker.train <run_dir>`.
 
 Rebuilds the Trainer.Config from the plan's record in the run dir (no Hydra here, and no checks:
 the plan made them; workers started before the plan have local rank 0 make it first,
@@ -39,7 +39,7 @@ def main(run_dir: Path) -> None:
     from torchtitan.observability import structured_logger as sl
     from torchtitan.tools.logging import init_logger, logger
 
-    from qwen3_neuron.config.build import build_trainer_config
+    from qwen3_neuron.trainer_config.build import build_trainer_config
     from qwen3_neuron.config.job import Job
     from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
     from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
