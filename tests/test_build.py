@@ -118,7 +118,9 @@ def test_a_plan_parses_the_settings_builds_the_config_and_the_meta_model_once(tm
     more); every other rank parses and builds once too (`Job.read`, `build_trainer_config`)."""
     from collections import Counter
 
-    from qwen3_neuron.trainer_config import build, memory, plan, settings
+    from qwen3_neuron.config import settings
+    from qwen3_neuron.planning import memory, plan
+    from qwen3_neuron.trainer_config import build
 
     counts = Counter()
 
