@@ -30,6 +30,10 @@ class FirstLossError(Qwen3NeuronError, RuntimeError):
     """The first-step loss says the initial weights did not load (hf.first_loss_check=fail)."""
 
 
+class RunDirInUse(Qwen3NeuronError, RuntimeError):
+    """Another live launch holds the run dir; the message names it and what to do."""
+
+
 class JobFailed(Qwen3NeuronError, RuntimeError):
     """Raised to Hydra's sweeper for a failed job when the sweep should stop."""
 

@@ -1,6 +1,8 @@
 """The run-dir contract: the files the launcher, the workers and the reports share, and how each
 is read or written. Both sides of torchrun import this module; it imports nothing of either.
 
+    <run dir>/.lock               the launch that owns the run dir while it runs (host, pid, since);
+                                  `.lock.nodeN` for node N > 0 of a multi-node job (launch.run_lock)
     <run dir>/job.yaml            the resolved composed config; workers rebuild from it
     <run dir>/.plan_*.<token>     the plan's request, result or error while torchrun starts (below)
     <run dir>/failure.json        rank 0's error and last good checkpoint, when training raised
@@ -34,7 +36,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ SUMMARY_FILE = "summary.json"
 DATA_STATS_DIR = "data_stats"
 STOP_FILE = ".stop_sweep"
 HANDOFF_ENV = "QWEN3_NEURON_HANDOFF"
+LOCK_FILE = ".lock"
 
 _PLAN_POLL_SECONDS = 0.02
 PLANNING_LINE = "[qwen3-neuron] local rank 0: torchtitan imported; planning for the launcher"
@@ -70,6 +73,8 @@ class PlannedRun:
     weights_loaded: bool  # the run starts from initial weights
     dtype: str  # the matmuls' dtype, for the peak FLOPs
     exports_hf: bool  # the last save is in HF: global rank 0 exports after training (EXPORT_FILE)
+    # the run dir's checkpoint it loads, and the damaged ones skipped: {checkpoint_loaded, checkpoints_skipped}
+    checkpoint: dict[str, Any] = field(default_factory=dict)
 
     def replacements_by_override(self) -> dict[str, list[str]]:
         """{override target: ["fqn Old -> New", ...]}, for the summary."""
@@ -158,6 +163,11 @@ def _write_atomically(path: Path, text: str) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(text)
     partial.replace(path)
+
+
+def lock_file(node_rank: int) -> str:
+    """Each node of a multi-node job holds its own lock on the run dir they share."""
+    return LOCK_FILE if node_rank == 0 else f"{LOCK_FILE}.node{node_rank}"
 
 
 def read_job(run_dir: Path) -> dict[str, Any]:

@@ -100,6 +100,15 @@ PLAN_TIME = [
     ([*CHAT, "data.files={bad}/unknown_role.jsonl"], ["row 1", "unknown role 'robot'", "system, user, assistant, tool"]),
     ([*CHAT, "data.files={bad}/no_assistant.jsonl"], ["row 0", "no assistant turn"]),
     ([*CHAT, "hf_assets_path={bad}/tokenizer_without_template"], ["no chat template", "hf_assets_path"]),
+    ([*CHAT, "data.files={bad}/call_without_name.jsonl"], ["row 0", "tool_calls[0]: a tool call needs a function name"]),
+    ([*CHAT, "data.files={bad}/arguments_not_json.jsonl"], ["row 0", "(get_time): arguments are not JSON"]),
+    ([*CHAT, "data.files={bad}/tool_without_call.jsonl"], ["row 0", "message 1 is a tool result with no assistant tool call"]),
+    ([*CHAT, "data.files={bad}/sharegpt.jsonl"], ["data.messages_field=messages is not a column",
+                                                   "ShareGPT rows: set data.messages_field=conversations"]),
+    ([*CHAT, "data.files={bad}/sharegpt.jsonl", "data.messages_field=conversations"],
+     ["row 0", "unknown ShareGPT speaker 'bot'", "human -> user", "observation -> tool"]),
+    ([*CHAT, "data.files={bad}/tool_calls.jsonl", "hf_assets_path={bad}/chatml_tokenizer"],
+     ["row 0", "the data has tools or tool calls, but the tokenizer's chat template does not render them"]),
     (["data=chat", "data.val_files={bad}/empty.jsonl"], ["data.val_files: '{bad}/empty.jsonl' is empty (no rows)"]),
     ([*CHAT, "data.files={bad}/chats.jsonl", "data.val_fraction=0.1"],
      ["data.val_fraction=0.1", "has 3 rows, so the validation set has 0", "data.val_files"]),
@@ -127,12 +136,21 @@ def bad_data(assets):
     def turn(role, text):
         return {"role": role, "content": text}
 
+    def call(function):
+        return {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": function}]}
+
     rows = {
         "texts.jsonl": [{"body": "some text"}] * 3,
         "chats.jsonl": [{"messages": [turn("user", "hi"), turn("assistant", "hello")]}] * 3,
         "unknown_role.jsonl": [{"messages": [turn("user", "hi"), turn("assistant", "hello")]},
                                {"messages": [turn("robot", "beep"), turn("assistant", "hello")]}],
         "no_assistant.jsonl": [{"messages": [turn("system", "be nice"), turn("user", "hi")]}],
+        "call_without_name.jsonl": [{"messages": [turn("user", "hi"), call({"arguments": {}})]}],
+        "arguments_not_json.jsonl": [{"messages": [turn("user", "hi"), call({"name": "get_time", "arguments": "{tz:"})]}],
+        "tool_without_call.jsonl": [{"messages": [turn("user", "hi"), turn("tool", "12:00"), turn("assistant", "noon")]}],
+        "sharegpt.jsonl": [{"conversations": [{"from": "human", "value": "hi"}, {"from": "bot", "value": "hello"}]}],
+        "tool_calls.jsonl": [{"messages": [turn("user", "hi"), call({"name": "get_time", "arguments": {}}),
+                                           turn("tool", "12:00"), turn("assistant", "noon")]}],
     }  # fmt: skip
     for name, lines in rows.items():
         (BAD_DATA / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -142,6 +160,11 @@ def bad_data(assets):
     config.pop("chat_template", None)
     (tokenizer / "tokenizer_config.json").write_text(json.dumps(config))
     (tokenizer / "chat_template.jinja").unlink(missing_ok=True)
+    chatml = BAD_DATA / "chatml_tokenizer"  # ChatML turns only: no tools, no tool calls
+    shutil.copytree(tokenizer, chatml, dirs_exist_ok=True)
+    config["chat_template"] = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
+    (chatml / "tokenizer_config.json").write_text(json.dumps(config))
     return BAD_DATA
 
 

@@ -10,7 +10,7 @@ import pytest
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-from qwen3_neuron.data.chat import ChatRenderer, row_messages
+from qwen3_neuron.data.chat import ChatRenderer, Conversation, row_conversation
 from qwen3_neuron.data.dataset import DataSource, PackedDataset
 from qwen3_neuron.data.packing import Packer, document
 
@@ -54,8 +54,10 @@ def spans_of(tokenizer, ids, flags) -> list[str]:
 
 
 def test_multi_turn_labels_are_exactly_each_assistant_turn_and_its_end_token(tokenizer):
-    ids, trained = ChatRenderer(tokenizer).tokens(CONVERSATION)
-    assert spans_of(tokenizer, ids, trained) == ["Hello!<|im_end|>", "It is 4.<|im_end|>"]
+    ids, trained = ChatRenderer(tokenizer).tokens(Conversation(CONVERSATION))
+    # Qwen3's template: the last turn (after the last user query) gets an empty <think> block, the
+    # earlier one none; each is trained as the template writes it
+    assert spans_of(tokenizer, ids, trained) == ["Hello!<|im_end|>", "<think>\n\n</think>\n\nIt is 4.<|im_end|>"]
     untrained = spans_of(tokenizer, ids, [not t for t in trained])
     assert untrained[0] == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
     im_end = tokenizer.token_to_id("<|im_end|>")
@@ -66,37 +68,20 @@ def test_multi_turn_labels_are_exactly_each_assistant_turn_and_its_end_token(tok
     assert inputs == ids[:-1]
     assert labels == [t if flag else IGNORE_INDEX for t, flag in zip(ids[1:], trained[1:])]
     kept = [label for label in labels if label != IGNORE_INDEX]
-    assert tokenizer.decode(kept, skip_special_tokens=False) == "Hello!<|im_end|>It is 4.<|im_end|>"
-
-
-# Qwen3's own template renders the last assistant turn with an (empty) <think> block and the
-# earlier ones without: a turn is not rendered the same as a prefix and inside the whole. This
-# template (the project's, written for the test) does the same.
-THINKING_LAST_TURN = (
-    r"{%- for message in messages %}{%- if message.role == 'assistant' and loop.last %}"
-    r"{{ '<|im_start|>assistant\n<think>\n\n</think>\n\n' + message.content + '<|im_end|>\n' }}"
-    r"{%- else %}{{ '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}{%- endif %}"
-    r"{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}"
-)
-
-
-def test_a_template_that_renders_the_last_turn_differently_still_masks_every_assistant_turn(assets):
-    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(assets.tokenizer_dir))
-    tokenizer.set_chat_template(THINKING_LAST_TURN)
-    ids, trained = ChatRenderer(tokenizer).tokens(CONVERSATION)
-    assert spans_of(tokenizer, ids, trained) == ["Hello!<|im_end|>", "<think>\n\n</think>\n\nIt is 4.<|im_end|>"]
+    assert tokenizer.decode(kept, skip_special_tokens=False) == "Hello!<|im_end|><think>\n\n</think>\n\nIt is 4.<|im_end|>"
 
 
 def test_prompt_response_row_trains_on_the_response_and_its_end_token(tokenizer):
     row = {"instruction": "Name a prime.", "output": "Seven."}
-    messages = row_messages(row, "messages", "instruction", "output")
-    assert messages == [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "Seven."}]
-    ids, trained = ChatRenderer(tokenizer).tokens(messages)
-    assert spans_of(tokenizer, ids, trained) == ["Seven.<|im_end|>"]
+    conversation = row_conversation(row, DataSource(format="chat", prompt_field="instruction", response_field="output"))
+    assert conversation.messages == [{"role": "user", "content": "Name a prime."},
+                                     {"role": "assistant", "content": "Seven."}]  # fmt: skip
+    ids, trained = ChatRenderer(tokenizer).tokens(conversation)
+    assert spans_of(tokenizer, ids, trained) == ["<think>\n\n</think>\n\nSeven.<|im_end|>"]
 
 
 def test_train_on_prompt_trains_every_token(tokenizer):
-    ids, trained = ChatRenderer(tokenizer, train_on_prompt=True).tokens(CONVERSATION)
+    ids, trained = ChatRenderer(tokenizer, train_on_prompt=True).tokens(Conversation(CONVERSATION))
     assert all(trained)
     assert tokenizer.decode(ids, skip_special_tokens=False) == tokenizer.apply_chat_template(CONVERSATION)
 
@@ -167,22 +152,22 @@ def take(dataset, n):
 
 def test_chat_samples_carry_labels_only_on_assistant_tokens(tmp_path, tokenizer):
     files = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 3)
-    dataset = PackedDataset(DataSource(files=str(files), format="chat"), tokenizer, seq_len=64)
+    dataset = PackedDataset(DataSource(files=str(files), format="chat"), tokenizer, seq_len=96)
     (sample, labels), = take(dataset, 1)
-    assert sample["input"].shape == labels.shape == sample["positions"].shape == (64,)
+    assert sample["input"].shape == labels.shape == sample["positions"].shape == (96,)
     kept = [int(t) for t in labels if t != IGNORE_INDEX]
-    assert tokenizer.decode(kept, skip_special_tokens=False) == "Hello!<|im_end|>It is 4.<|im_end|>"
-    assert sample["positions"][0] == 0 and int(sample["positions"].max()) < 64
+    assert tokenizer.decode(kept, skip_special_tokens=False) == "Hello!<|im_end|><think>\n\n</think>\n\nIt is 4.<|im_end|>"
+    assert sample["positions"][0] == 0 and int(sample["positions"].max()) < 96
 
 
 def test_overlong_conversations_are_truncated_or_dropped_and_counted(tmp_path, tokenizer):
     long_reply = {"messages": [{"role": "user", "content": "Talk."}, {"role": "assistant", "content": "word " * 200}]}
     files = write_jsonl(tmp_path / "long.jsonl", [long_reply, {"messages": CONVERSATION}])
-    truncated = PackedDataset(DataSource(files=str(files), format="chat"), tokenizer, seq_len=64, infinite=False)
+    truncated = PackedDataset(DataSource(files=str(files), format="chat"), tokenizer, seq_len=96, infinite=False)
     samples = list(truncated)
     assert truncated.stats["truncated"] == 1 and truncated.stats["documents"] == 2
-    assert all(s["input"].shape == (64,) for s, _ in samples)
-    dropped = PackedDataset(DataSource(files=str(files), format="chat", overlong="drop"), tokenizer, seq_len=64, infinite=False)
+    assert all(s["input"].shape == (96,) for s, _ in samples)
+    dropped = PackedDataset(DataSource(files=str(files), format="chat", overlong="drop"), tokenizer, seq_len=96, infinite=False)
     list(dropped)
     assert dropped.stats["dropped"] == 1 and dropped.stats["documents"] == 1
 
@@ -261,13 +246,13 @@ def test_show_data_prints_rank_0_samples_with_the_spans_without_loss_marked(tmp_
     from qwen3_neuron.planning.plan import make_plan
     from qwen3_neuron.data.preview import show_samples
 
-    plan = make_plan(compose_config("data=chat", "training.seq_len=128", "run.show_data=1"), tmp_path / "run")
+    plan = make_plan(compose_config("data=chat", "training.seq_len=256", "run.show_data=1"), tmp_path / "run")
     text = show_samples(plan.trainer_config, 1, dp_world_size=2)
     first = json.loads(assets.chat_train_file.read_text().splitlines()[0])["messages"]
-    assert text.startswith("=== sample 1 of rank 0: 1 document(s)")
+    assert text.startswith("=== sample 1 of rank 0: 2 document(s)")
     assert f"⟦<|im_start|>system\n{first[0]['content']}<|im_end|>\n<|im_start|>user\n{first[1]['content']}" in text
     assert f"<|im_start|>assistant\n⟧{first[2]['content']}<|im_end|>⟦\n<|im_start|>user" in text
-    assert f"⟧{first[4]['content']}<|im_end|>" in text
+    assert f"<|im_start|>assistant\n⟧<think>\n\n</think>\n\n{first[4]['content']}<|im_end|>" in text
     assert "⟦pad ×" in text
 
 

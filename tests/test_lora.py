@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import LORA_DROPOUT, compose_config, launch, read_jsonl
 from test_resume import as_of_checkpoint
+from transformers import AutoTokenizer
 
 from qwen3_neuron.trainer_config.build import build_trainer_config
 from qwen3_neuron.config.job import Job
@@ -229,6 +230,11 @@ def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(backe
     out = capsys.readouterr().out
     assert "missing keys (0)" in out and "unexpected keys (0)" in out
     assert f"vs merged {run_dir / 'hf_export'}" in out and out.strip().endswith("OK")
+    # a chat LoRA (data=chat): the merged model ends its turn in generate(), as a chat model must
+    generation = json.loads((run_dir / "hf_export" / "generation_config.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "hf_export")
+    assert generation["eos_token_id"] == [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
+    assert verify.main([str(run_dir / "hf_export"), "--chat"]) == 0
 
 
 @pytest.mark.integration

@@ -15,11 +15,14 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TINY, command_lines, launch
 
+from qwen3_neuron.run_dir import complete_steps
+from qwen3_neuron.worker.checkpoint_check import damage
+
 pytestmark = pytest.mark.integration
 
-# conftest.py's default_run (TINY, 10 steps, 2 ranks), saving step-4 and step-8
+# conftest.py's default_run (TINY, 10 steps, 2 ranks), saving every 2 steps (the newest two kept)
 STEPS = 10
-CHECKPOINTED = (*TINY, "checkpointing=periodic", "checkpoint.interval=4", f"training.steps={STEPS}")
+CHECKPOINTED = (*TINY, "checkpointing=periodic", "checkpoint.interval=2", f"training.steps={STEPS}")
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -30,25 +33,105 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def test_the_same_seed_again_and_its_resume_after_kill_9_give_identical_losses(default_run, tmp_path):
     """The default job again, saving checkpoints: until the kill it is the same seed launched a
-    second time, so its losses are default_run's (and saving a checkpoint changes none). After the
-    resume from step 4 or 8, steps 5-10 are default_run's too."""
+    second time, so its losses are default_run's (and saving a checkpoint changes none). Its newest
+    checkpoint then loses two thirds of a shard (as a full disk or a cut copy leaves it): the
+    resume continues from the one before, and ends on default_run's losses too. While it runs, it
+    owns the run dir: a second launch there stops at once."""
     run_dir = tmp_path / "killed"
     kill_9_after_checkpoint(run_dir, CHECKPOINTED, checkpoint_step=4, steps_logged=6)
     uninterrupted, before_kill = losses(default_run), losses(run_dir)
     assert len(before_kill) >= 6 and all(before_kill[s] == uninterrupted[s] for s in before_kill)
     # a checkpoint cut short while being written (no .metadata) must never be picked
     (run_dir / "checkpoint" / "step-9").mkdir()
+    *_, intact, newest = complete_steps(run_dir / "checkpoint")
+    shard = run_dir / "checkpoint" / f"step-{newest}" / "__1_0.distcp"
+    size = shard.stat().st_size
+    os.truncate(shard, size // 3)
+    assert json.loads((run_dir / ".lock").read_text())["pid"]  # the killed launch's, left behind
 
-    result = launch(None, f"run.resume={run_dir}")
-    assert result.returncode == 0, result.stdout[-3000:]
+    output = tmp_path / "resume.out"
+    with output.open("w") as out:
+        resume = subprocess.Popen([sys.executable, str(REPO / "launch.py"), f"run.resume={run_dir}"],
+                                  cwd=REPO, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        _wait_for(lambda: _lock_owner(run_dir) == resume.pid, resume)
+        # while the resume runs, a second resume and a new run pointed at its dir stop at once
+        first_launch = (run_dir / ".hydra" / "overrides.yaml").read_text()
+        for second in ([f"run.resume={run_dir}"], [f"hydra.run.dir={run_dir}", "training.steps=3"]):
+            started = time.monotonic()
+            refused = launch(None, *second)
+            assert refused.returncode == 2 and time.monotonic() - started < 5
+            assert f"Run dir in use: run dir {run_dir} is in use by another launch (pid {resume.pid} on host" in refused.stderr
+            assert (run_dir / ".hydra" / "overrides.yaml").read_text() == first_launch  # Hydra's record too
+        assert resume.wait(timeout=600) == 0, output.read_text()[-3000:]
+    printed = output.read_text()
+    assert "took over a stale lock; its owner is gone" in printed  # kill -9's lock
+    assert not (run_dir / ".lock").exists()
+    problem = f"__1_0.distcp is {size // 3:,} bytes, its .metadata says {size:,}"
+    assert (f"warning: checkpoint {run_dir}/checkpoint/step-{newest} is damaged: {problem}. Skipped (moved to "
+            f"{run_dir}/checkpoint/damaged/step-{newest}); the run continues from step-{intact}") in printed  # fmt: skip
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == STEPS
+    assert summary["checkpoint_loaded"] == f"step-{intact}"
+    assert summary["checkpoints_skipped"] == {f"step-{newest}": problem}
     resumed = losses(run_dir)
     assert sorted(resumed) == list(range(1, STEPS + 1))
     loaded = re.search(r"Loading the checkpoint from \S*step-(\d+)", (run_dir / "train.log").read_text())
-    assert loaded and int(loaded.group(1)) in (4, 8)  # never the unfinished step-9
-    assert [resumed[s] for s in range(5, STEPS + 1)] == [uninterrupted[s] for s in range(5, STEPS + 1)]
+    assert loaded and int(loaded.group(1)) == intact  # never the unfinished step-9, nor the damaged one
+    after = range(intact + 1, STEPS + 1)
+    assert [resumed[s] for s in after] == [uninterrupted[s] for s in after]
     assert "checkpointing=periodic" in (run_dir / ".hydra" / "overrides.yaml").read_text()  # the first launch's
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """small_disk(size): a file system of `size` ("80m") at a new dir; a size-limited tmpfs, which
+    only root may mount. Resized in place with `remount`."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+
+    def mount(size: str) -> Path:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+                                 capture_output=True, text=True, check=False)  # fmt: skip
+        if mounted.returncode != 0:
+            pytest.skip(f"a full disk is a size-limited tmpfs, which only root may mount: {mounted.stderr.strip()}")
+        return disk
+
+    yield mount
+    subprocess.run(["umount", "--lazy", str(disk)], check=False, capture_output=True)
+
+
+def test_a_full_disk_while_saving_stops_the_run_and_the_resume_ends_on_the_undisturbed_losses(default_run, small_disk):
+    """80 MB: one checkpoint of CHECKPOINTED's run fits (2 shards of ~24 MB), the second does not."""
+    disk = small_disk("80m")
+    run_dir = disk / "run"
+    result = launch(run_dir, *CHECKPOINTED)
+    full = f"{run_dir}/train.log could not be written: No space left on device"
+    assert result.returncode == 1 and f"the job failed; the end of its output ({full})" in result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith(full) and summary["steps"] == 4
+    checkpoints = run_dir / "checkpoint"
+    assert complete_steps(checkpoints) == [2] and damage(checkpoints / "step-2") is None  # step-4 was cut short
+
+    subprocess.run(["mount", "-o", "remount,size=400m", str(disk)], check=True)  # space freed
+    result = launch(None, f"run.resume={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["checkpoint_loaded"] == "step-2" and summary["checkpoints_skipped"] == {}
+    resumed, uninterrupted = losses(run_dir), losses(default_run)
+    assert [resumed[s] for s in range(3, STEPS + 1)] == [uninterrupted[s] for s in range(3, STEPS + 1)]
+
+
+def test_a_full_disk_during_the_hf_export_keeps_the_checkpoint_before_intact(assets, small_disk):
+    """55 MB: step-2's checkpoint (~47 MB) fits, the last save in HF (~15 MB) the export is made
+    from does not. The run fails; no export is left under its name; step-2 is what it was."""
+    run_dir = small_disk("55m") / "run"
+    result = launch(run_dir, *TINY, "checkpointing=[periodic,export_hf]", "checkpoint.interval=2", "training.steps=4")
+    assert result.returncode == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "No space left on device" in summary["error"] and summary["steps"] == 4
+    assert not (run_dir / "hf_export").exists() and "export_dir" not in summary
+    checkpoints = run_dir / "checkpoint"
+    assert complete_steps(checkpoints) == [2] and damage(checkpoints / "step-2") is None
 
 
 def test_resume_refuses_a_dir_without_checkpoint_and_a_changed_config(default_run, tmp_path):
@@ -98,6 +181,13 @@ def kill_9_after_checkpoint(run_dir: Path, overrides, checkpoint_step: int, step
     _kill_everything_mentioning(str(run_dir))
     process.wait(timeout=60)
     assert not (run_dir / "summary.json").exists()
+
+
+def _lock_owner(run_dir: Path) -> int | None:
+    try:
+        return json.loads((run_dir / ".lock").read_text())["pid"]
+    except (OSError, ValueError):  # no lock, or its record being written
+        return None
 
 
 def _steps_logged(run_dir: Path) -> int:

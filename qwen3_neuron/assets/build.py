@@ -54,13 +54,70 @@ VALIDATION_DATASET_NAME = "c4_validation"
 
 EOS_TOKEN = "<|endoftext|>"  # Qwen3's base-model eos, also the pad token
 SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", "<|im_end|>")
-# Qwen3's ChatML layout without the thinking/tool parts, so chat code paths have a template.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+# Qwen3's chat template form (as its model card describes it): ChatML turns; `tools` listed in
+# the system turn inside <tools></tools>; an assistant's tool calls as <tool_call> JSON; tool
+# results as <tool_response> blocks in a user turn; reasoning (`reasoning_content`, or a
+# <think> block in the content) rendered as <think>...</think> for the assistant turns after
+# the last user query (an empty block on the last turn), and dropped from earlier turns.
+CHAT_TEMPLATE = """\
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
+{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}
+{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+{%- set index = (messages|length - 1) - loop.index0 %}
+{%- if ns.multi_step_tool and message.role == 'user' and message.content is string
+      and not (message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+{%- set ns.multi_step_tool = false %}{%- set ns.last_query_index = index %}
+{%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+{%- set content = message.content if message.content is string else '' %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{%- set reasoning_content = '' %}
+{%- if message.reasoning_content is string %}
+{%- set reasoning_content = message.reasoning_content %}
+{%- elif '</think>' in content %}
+{%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+{%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+{%- endif %}
+{%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
+{{- '<|im_start|>assistant\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+{%- else %}
+{{- '<|im_start|>assistant\\n' + content }}
+{%- endif %}
+{%- if message.tool_calls %}
+{%- for tool_call in message.tool_calls %}
+{%- if (loop.first and content) or not loop.first %}{{- '\\n' }}{%- endif %}
+{%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}
+{{- '<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' }}
+{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}
+{{- '}\\n</tool_call>' }}
+{%- endfor %}
+{%- endif %}
+{{- '<|im_end|>\\n' }}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
+{%- endif %}
+"""
 
 # Pure-Python modules present in every CPython 3.10-3.14 (and in Debian's python3 packages).
 # Fixed and sorted so the corpus is the same whatever else is installed.
@@ -135,11 +192,11 @@ class AssetPaths:
 
 
 def default_root() -> Path:
-    """$QWEN3_NEURON_ASSETS if set, else ~/.cache/qwen3_neuron/assets-v1."""
+    """$QWEN3_NEURON_ASSETS if set, else ~/.cache/qwen3_neuron/assets-v2 (v2: Qwen3's chat template)."""
     from_env = os.environ.get(ASSETS_ENV_VAR)
     if from_env:
         return Path(from_env).expanduser()
-    return Path.home() / ".cache" / "qwen3_neuron" / "assets-v1"
+    return Path.home() / ".cache" / "qwen3_neuron" / "assets-v2"
 
 
 def asset_paths(root: Path | None = None) -> AssetPaths:

@@ -174,13 +174,36 @@ class DataSettings:
     """.txt files: one row per blank-line-separated paragraph, per whole file, or per line."""
 
     messages_field: str = "messages"
-    """data=chat: the column holding a list of {role, content} (system, user, assistant, tool)."""
+    """data=chat: the column holding the conversation: OpenAI/HF messages ({role, content}:
+    system, user, assistant, tool; assistant `tool_calls` and `reasoning_content`, and whatever
+    else a message carries, go to the chat template as they are) or ShareGPT {from, value}
+    (`conversations`)."""
+
+    role_map: dict[str, str] | None = None
+    """data=chat, ShareGPT rows: speaker -> role (system, user, assistant, tool, or tool_call: an
+    assistant turn whose value is the call's JSON). Default: human/gpt/system/function_call/
+    observation as ShareGPT names them."""
+
+    tools_field: str | None = "tools"
+    """data=chat: the row's tool schemas (a list, or a JSON string of one), handed to the chat
+    template as `tools`; absent or empty: no tools."""
+
+    reasoning: Literal["keep", "drop"] = "keep"
+    """data=chat: keep an assistant turn's reasoning (`reasoning_content` or a <think> block in
+    its content) where the template renders it, and train it; drop: train answers without it."""
 
     prompt_field: str | None = None
     """data=chat with instruction rows: the prompt column (a user turn); with `response_field`."""
 
     response_field: str | None = None
     """data=chat with instruction rows: the response column (the assistant turn)."""
+
+    input_field: str | None = "input"
+    """data=chat with instruction rows: a column joined to the prompt after a blank line when it
+    is filled (Alpaca's `input`)."""
+
+    system_field: str | None = None
+    """data=chat with instruction rows: a column holding a system turn for the row, if any."""
 
     train_on_prompt: bool = False
     """data=chat: true puts a loss on every token, not only on the assistant turns."""

@@ -1,7 +1,7 @@
 """Training data beyond torchtitan's registered data sets: data=text|chat|mix.
 
-`sources` (local files, the HF cache; per-rank shards, the validation carve), `chat` (rows ->
-conversations -> tokens with the assistant turns marked), `packing` (documents -> seq_len
+`sources` (local files, the HF cache; per-rank shards, the validation carve), `chat` (rows as
+data sets ship them -> conversations -> tokens with the assistant turns marked), `packing` (documents -> seq_len
 samples with per-document positions), `dataset` (one source, checkpointable), `loader`
 (torchtitan's dataloader component), `checks` (the plan's first-rows checks), `preview`
 (run.show_data). Used by both sides; imports torchtitan and datasets, never launch/, worker/

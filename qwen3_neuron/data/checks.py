@@ -12,7 +12,7 @@ from pathlib import Path
 
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_messages
+from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.dataset import DataSource
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.data.sources import first_rows, is_validation_row
@@ -95,9 +95,11 @@ def _check_source(source: DataSource, key: str, files_key: str, tokenizer) -> li
         if name and name not in rows[0]:
             raise ConfigError(f"{key}.{field_key}={name} is not a column of {source.name()}; its columns: {columns}")
     if not (source.prompt_field or source.response_field) and source.messages_field not in rows[0]:
+        hint = (f"ShareGPT rows: set {key}.messages_field=conversations" if "conversations" in rows[0]
+                else f"instruction rows: set {key}.prompt_field and {key}.response_field")  # fmt: skip
         raise ConfigError(
             f"{key}.messages_field={source.messages_field} is not a column of {source.name()}; its columns: "
-            f"{columns} (instruction rows: set {key}.prompt_field and {key}.response_field)"
+            f"{columns} ({hint})"
         )
     try:
         renderer = ChatRenderer(tokenizer, source.train_on_prompt)
@@ -105,7 +107,7 @@ def _check_source(source: DataSource, key: str, files_key: str, tokenizer) -> li
         raise ConfigError(f"data.kind=chat: {e}; use a model dir or hf_assets_path whose tokenizer has one") from e
     for index, row in enumerate(rows):
         try:
-            renderer.tokens(row_messages(row, source.messages_field, source.prompt_field, source.response_field))
+            renderer.tokens(row_conversation(row, source))
         except ChatFormatError as e:
             raise ConfigError(f"{where}: row {index} of {source.name()}: {e}") from e
     return rows

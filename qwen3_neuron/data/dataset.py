@@ -24,7 +24,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import logger
 
 from qwen3_neuron.data import sources
-from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_messages
+from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.packing import Packer, document, fit
 
 STAT_NAMES = ("rows", "documents", "truncated", "dropped", "split", "skipped", "label_tokens", "padding_tokens")
@@ -43,8 +43,13 @@ class DataSource:
     text_field: str = "text"
     txt_sample_by: Literal["paragraph", "document", "line"] = "paragraph"
     messages_field: str = "messages"
+    role_map: dict[str, str] | None = None
+    tools_field: str | None = "tools"
+    reasoning: Literal["keep", "drop"] = "keep"
     prompt_field: str | None = None
     response_field: str | None = None
+    input_field: str | None = "input"
+    system_field: str | None = None
     train_on_prompt: bool = False
     overlong: Literal["truncate", "drop", "split"] = "truncate"
     val_fraction: float = 0.0
@@ -88,8 +93,7 @@ class PackedDataset(IterableDataset, Stateful):
     def row_tokens(self, row: dict[str, Any]) -> tuple[list[int], list[bool]]:
         """Token ids of one row and which of them are training targets."""
         if self._chat is not None:
-            s = self.source
-            return self._chat.tokens(row_messages(row, s.messages_field, s.prompt_field, s.response_field))
+            return self._chat.tokens(row_conversation(row, self.source))
         text = row.get(self.source.text_field)
         if not isinstance(text, str):
             raise ChatFormatError(f"data.text_field={self.source.text_field}: expected a string, got {text!r:.40}")
@@ -141,7 +145,7 @@ class PackedDataset(IterableDataset, Stateful):
     def __iter__(self):
         while True:
             yield from self._hand_out()
-            rows_this_epoch = 0
+            whole_pass, rows_this_epoch, documents_before = self._sample_idx == 0, 0, self.stats["documents"]
             for row in self._get_data_iter():
                 self._sample_idx += 1
                 self.stats["rows"] += 1
@@ -150,6 +154,11 @@ class PackedDataset(IterableDataset, Stateful):
                 if doc is not None:
                     self._ready += self._packer.add(*doc)
                 yield from self._hand_out()
+            if whole_pass and rows_this_epoch and self.stats["documents"] == documents_before and self.infinite:
+                raise RuntimeError(
+                    f"data source {self.source.name()}: none of the {rows_this_epoch} rows of rank {self.rank} "
+                    f"became a document (counts: {self.stats}); raise training.seq_len or see data.overlong"
+                )
             self._ready += self._packer.flush()
             yield from self._hand_out()
             if not self.infinite:

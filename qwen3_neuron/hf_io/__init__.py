@@ -1,2 +1,4 @@
 """Hugging Face model dirs out of a run: `export` (a complete, atomic HF dir from torchtitan's
-HF save) and `verify` (does a dir load into Transformers as it is)."""
+HF save), `generation` (a chat model's generation config stops at the end of its turn),
+`verify` (does a dir load into Transformers as it is) and `chat` (talk to it:
+`python -m qwen3_neuron.chat`)."""

@@ -11,7 +11,8 @@ no tokenizer, so `from_pretrained` cannot open it. `export_hf_model` makes `<run
   `max_position_embeddings` torchtitan overrides while training), for model=native one written
   from the native flavour; `dtype` set to `checkpoint.export_dtype`, which torchtitan cast to;
 - generation_config.json (the source dir's, or one derived from config.json) and the tokenizer
-  files of `hf_assets_path`.
+  files of `hf_assets_path`; after chat training (a `chat` data source) the generation config
+  also stops at the chat template's end of turn (`hf_io.generation`), or replies never end.
 
 The dir is assembled beside its final place, checked with `verify.check_model_dir` (keys and
 shapes, on the meta device), and only then renamed into place: a killed or failed export never
@@ -36,6 +37,7 @@ from typing import Any
 
 from qwen3_neuron.assets.atomic_dir import building
 from qwen3_neuron.errors import ExportError, UnsupportedModel
+from qwen3_neuron.hf_io.generation import GENERATION_CONFIG_FILE, stop_at_end_of_turn
 from qwen3_neuron.hf_io.verify import check_model_dir
 from qwen3_neuron.models.hf.model_dir import CONFIG_FILE, INDEX_FILE, native_architecture
 from qwen3_neuron.models.hf import HF_BACKEND_NAME
@@ -43,7 +45,6 @@ from qwen3_neuron.models.hf import HF_BACKEND_NAME
 logger = logging.getLogger(__name__)
 
 EXPORT_DIR_NAME = "hf_export"
-GENERATION_CONFIG_FILE = "generation_config.json"
 # Tokenizer files of every kind Transformers reads; copied when present.
 TOKENIZER_FILES = re.compile(
     r"^(tokenizer.*|special_tokens_map\.json|added_tokens\.json|chat_template\.(jinja|json)|"
@@ -60,6 +61,11 @@ def export_after_training(trainer_config, run_dir: Path, export_dir: str | None 
     if not exports_hf(trainer_config):
         return None
     return export_hf_model(trainer_config, run_dir / (export_dir or EXPORT_DIR_NAME))
+
+
+def trains_chat(trainer_config) -> bool:
+    """Whether the run trained on conversations (data=chat, or a chat source of data=mix)."""
+    return any(getattr(source, "format", None) == "chat" for source in getattr(trainer_config.dataloader, "sources", ()))
 
 
 def exports_hf(trainer_config) -> bool:
@@ -82,9 +88,12 @@ def export_hf_model(trainer_config, export_dir: Path, weights_dir: Path | None =
         config["dtype"] = export_dtype
         config.pop("torch_dtype", None)  # the v4 name of the same key
         _write_json(tmp_dir / CONFIG_FILE, config)
-        _write_generation_config(trainer_config, config, tmp_dir)
         _copy_tokenizer(Path(trainer_config.hf_assets_path), tmp_dir)
-        _check(tmp_dir, export_dtype)
+        _write_generation_config(trainer_config, config, tmp_dir)
+        chat = trains_chat(trainer_config)
+        if chat:
+            stop_at_end_of_turn(tmp_dir)
+        _check(tmp_dir, export_dtype, chat)
     remove_hf_save(checkpoint_dir, step_dir)
     logger.info("exported step %d to %s", step, export_dir)
     return export_dir
@@ -191,11 +200,12 @@ def _copy_tokenizer(tokenizer_dir: Path, out_dir: Path) -> None:
         shutil.copy2(path, out_dir / path.name)
 
 
-def _check(model_dir: Path, export_dtype: str) -> None:
-    """Keys and shapes against config.json (meta device), and the dtype torchtitan cast to."""
+def _check(model_dir: Path, export_dtype: str, chat: bool) -> None:
+    """Keys and shapes against config.json (meta device), the dtype torchtitan cast to, and for a
+    chat model that generation stops at the end of a turn."""
     from safetensors import safe_open
 
-    report = check_model_dir(model_dir, load=False)
+    report = check_model_dir(model_dir, load=False, chat=chat)
     if not report.ok:
         raise ExportError("the export does not match its config.json:\n" + "\n".join(report.lines()))
     wanted = _SAFETENSORS_DTYPES[export_dtype]

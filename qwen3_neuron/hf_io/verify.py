@@ -42,10 +42,12 @@ class Report:
     tied_head: bool = False  # lm_head.weight absent on disk because config.json ties it
     load_errors: list[str] = field(default_factory=list)
     tokenizer_error: str | None = None
+    chat_stop_error: str | None = None  # checked with chat=True: generation must end at a turn's end
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.unexpected or self.mismatched or self.load_errors or self.tokenizer_error)
+        return not (self.missing or self.unexpected or self.mismatched or self.load_errors or self.tokenizer_error
+                    or self.chat_stop_error)  # fmt: skip
 
     def lines(self) -> list[str]:
         out = [f"model dir: {self.model_dir}"]
@@ -58,6 +60,8 @@ class Report:
         out.extend(f"load error: {e}" for e in self.load_errors)
         if self.tokenizer_error:
             out.append(f"tokenizer: {self.tokenizer_error}")
+        if self.chat_stop_error:
+            out.append(f"chat: {self.chat_stop_error}")
         out.append("OK" if self.ok else "FAILED")
         return out
 
@@ -83,10 +87,12 @@ def disk_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_model_dir(model_dir: Path, *, load: bool = True, trust_remote_code: bool = False) -> Report:
+def check_model_dir(model_dir: Path, *, load: bool = True, trust_remote_code: bool = False, chat: bool = False) -> Report:
     """Compare the dir's safetensors with the model its config.json describes.
 
     `load=False` checks keys and shapes only, on the meta device (cheap, for any size).
+    `chat=True`: the dir is a chat model, so its generation config must stop at its chat
+    template's end of turn.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -120,6 +126,10 @@ def check_model_dir(model_dir: Path, *, load: bool = True, trust_remote_code: bo
         report.load_errors = _load(model, model_dir, files, same_layout, trust_remote_code)
     if load:
         report.tokenizer_error = _tokenizer_problem(model_dir)
+    if chat:
+        from qwen3_neuron.hf_io.generation import chat_stop_problem
+
+        report.chat_stop_error = chat_stop_problem(model_dir)
     return report
 
 
@@ -256,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qwen3_neuron.hf_io.verify", description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path, help="an HF model dir, or a PEFT adapter dir")
     parser.add_argument("--trust-remote-code", action="store_true", help="passed to Transformers")
+    parser.add_argument(
+        "--chat", action="store_true", help="a chat model: generation must stop at its chat template's end of turn"
+    )
     parser.add_argument("--base", type=Path, help="adapter dir: its base model (default: adapter_config.json's)")
     parser.add_argument(
         "--merged", type=Path, help=f"adapter dir: the merged model (default: {MERGED_BESIDE} beside it)"
@@ -268,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             merged = args.merged or (beside if (beside / CONFIG_FILE).is_file() else None)
             report = check_adapter_dir(args.model_dir, args.base, merged, args.atol)
         else:
-            report = check_model_dir(args.model_dir, trust_remote_code=args.trust_remote_code)
+            report = check_model_dir(args.model_dir, trust_remote_code=args.trust_remote_code, chat=args.chat)
     except (NotAModelDir, OSError, ValueError) as e:
         print(f"not a loadable model dir: {e}", file=sys.stderr)
         return 2

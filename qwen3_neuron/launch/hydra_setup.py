@@ -11,8 +11,10 @@
   the tiny tokenizer.
 - the `${resume_or:...}` resolver: the run dir is `run.resume` when resuming, else a new one.
 - the `${new_run_only:...}` resolver: Hydra writes its record of a launch (`.hydra/`) for a new
-  run only. A resume, refused or not, leaves the first launch's record as it was (the sweep
-  report reads a job's overrides there); `job.yaml` records what a resume changes.
+  run only. A resume, refused or not, or a launch into a run dir that has a record already (one
+  refused because another launch owns the dir too: Hydra writes before the job can look) leaves
+  the first launch's record as it was (the sweep report reads a job's overrides there);
+  `job.yaml` records what a resume changes.
 """
 
 from __future__ import annotations
@@ -89,5 +91,5 @@ def _resume_or(resume: str | None, new_dir: str) -> str:
     return new_dir if resume is None else str(Path(resume).expanduser().resolve())
 
 
-def _new_run_only(resume: str | None, value: str) -> str | None:
-    return value if resume is None else None
+def _new_run_only(resume: str | None, run_dir: str, value: str) -> str | None:
+    return value if resume is None and not (Path(run_dir) / value).exists() else None

@@ -35,15 +35,25 @@ from qwen3_neuron.launch.resume import resumed_config
 from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.config.trainer_keys import check_trainer_keys
-from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.errors import ConfigError, RunDirInUse
 from qwen3_neuron.launch import slurm
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
+from qwen3_neuron.launch.run_lock import RunDirLock
 from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir
 from qwen3_neuron.report.loss_check import check_first_loss
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, sweep_job_value, sweep_stop_reason, write_summary
-from qwen3_neuron.run_dir import EXPORT_FILE, LOG_FILE, METRICS_FILE, RANKS_LOG_DIR, Handoff, PlannedRun, read_json
+from qwen3_neuron.run_dir import (
+    EXPORT_FILE,
+    LOCK_FILE,
+    LOG_FILE,
+    METRICS_FILE,
+    RANKS_LOG_DIR,
+    Handoff,
+    PlannedRun,
+    read_json,
+)
 
 if TYPE_CHECKING:
     from qwen3_neuron.planning.plan import Plan
@@ -87,6 +97,27 @@ def run_job(cfg: DictConfig) -> JobOutcome:
         summary = summarize(job.run_dir, "skipped", 0.0, error=f"not run: {stopped_by}")
         write_summary(job.run_dir, summary)
         return JobOutcome(1, single_run=False, summary=summary)
+    try:  # before anything in the run dir is read or written: a live launch there owns it
+        lock = RunDirLock.take(job.run_dir, _node_rank(cfg))
+    except RunDirInUse as e:
+        print(f"Run dir in use: {e}", file=sys.stderr)
+        return JobOutcome(CONFIG_ERROR_EXIT, job.single_run)  # its owner's dir: nothing written, nothing removed
+    try:
+        return _run_job_in(cfg, job, hydra_config)
+    finally:
+        lock.release()
+
+
+def _node_rank(cfg: DictConfig) -> int:
+    """This node's rank (a SLURM task's from its environment): each node locks the run dir apart."""
+    try:
+        return int(slurm.with_node_settings({"run": OmegaConf.to_container(cfg.run, resolve=True)})["run"]["node_rank"])
+    except (ConfigError, OmegaConfBaseException, KeyError, TypeError, ValueError):
+        return 0  # a bad value: the job's settings name it, holding node 0's lock meanwhile
+
+
+def _run_job_in(cfg: DictConfig, job: _Job, hydra_config) -> JobOutcome:
+    """The job, once it owns its run dir."""
     workers = None
     try:
         composed = OmegaConf.to_container(cfg, resolve=True)
@@ -230,6 +261,8 @@ class _Job:
         exit_code, extra = result.returncode, {}
         if result.interrupted_by:
             extra["error"] = f"interrupted by {result.interrupted_by}"
+        elif status == "failed" and result.log_error:  # a full disk: rank 0's failure.json is missing too
+            extra["error"] = f"{result.log_error}; the end of the workers' output is printed above"
         if status == "completed" and planned.exports_hf:  # global rank 0 exported once training ended
             export = read_json(self.run_dir / EXPORT_FILE) or {"error": f"export failed: rank 0 wrote no {EXPORT_FILE}"}
             if "error" in export:
@@ -238,7 +271,8 @@ class _Job:
                 extra.update(export)
         summary = summarize(
             self.run_dir, status, time.time() - start,
-            exit_code=exit_code, overrides=planned.replacements_by_override(), **planned.parameters, **extra,
+            exit_code=exit_code, overrides=planned.replacements_by_override(), **planned.parameters,
+            **planned.checkpoint, **extra,
         )  # fmt: skip
         mode = settings.hf.first_loss_check
         verdict = check_first_loss(
@@ -298,8 +332,10 @@ def _show_data(plan: Plan, count: int) -> None:
 
 def _discard_hydra_only_dir(run_dir: Path) -> None:
     """A config error leaves nothing behind: drop the run dir Hydra made for this launch."""
-    if not run_dir.exists() or {p.name for p in run_dir.iterdir()} - {".hydra", "launch.log"}:
+    if not run_dir.exists():
         return
+    if {p.name for p in run_dir.iterdir() if not p.name.startswith(LOCK_FILE)} - {".hydra", "launch.log"}:
+        return  # more than Hydra wrote (this launch's lock, released after, goes with the dir)
     shutil.rmtree(run_dir)
     if not any(run_dir.parent.iterdir()):
         run_dir.parent.rmdir()  # the date folder, if this launch made it

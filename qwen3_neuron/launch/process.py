@@ -6,7 +6,9 @@ blocked in a collective never sees a KeyboardInterrupt, but SIGTERM ends it at o
 starts each worker in a session of its own, so if torchrun has not stopped them within its own
 30 s close timeout plus a margin, the launcher kills torchrun's children as well as torchrun. Worker output always goes to `train.log`; on screen either
 all of it (verbose) or one live progress line fed by rank 0's metrics.jsonl (qwen3_neuron.launch.progress),
-with the end of train.log printed if the job fails.
+with the end of train.log printed if the job fails. A train.log that cannot be written (a full
+disk) stops there; the output is still drained (no worker blocks on a full pipe) and its end kept
+for that message and the summary's error.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ FAILURE_TAIL_LINES = 30
 class LaunchResult:
     returncode: int
     interrupted_by: str | None  # signal name when the user stopped the run
+    log_error: str | None = None  # why train.log stopped being written (a full disk), if it did
 
 
 class Torchrun:
@@ -47,7 +50,9 @@ class Torchrun:
             start_new_session=True,
         )
         self.tail: deque[bytes] = deque(maxlen=FAILURE_TAIL_LINES)
-        self._tee = threading.Thread(target=_tee, args=(self.process, run_dir / LOG_FILE, echo, self.tail), daemon=True)
+        self.log_errors: list[str] = []
+        tee_args = (self.process, run_dir / LOG_FILE, echo, self.tail, self.log_errors)
+        self._tee = threading.Thread(target=_tee, args=tee_args, daemon=True)
         self._tee.start()
 
     def wait(self, progress: Progress | None = None) -> LaunchResult:
@@ -73,11 +78,12 @@ class Torchrun:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         if not self.echo and returncode != 0 and not received:
-            sys.stderr.write(f"[qwen3-neuron] the job failed; the end of {self.run_dir / LOG_FILE}:\n")
+            where = f"its output ({self.log_errors[0]})" if self.log_errors else self.run_dir / LOG_FILE
+            sys.stderr.write(f"[qwen3-neuron] the job failed; the end of {where}:\n")
             sys.stderr.write(b"".join(self.tail).decode(errors="replace"))
             sys.stderr.flush()
         interrupted_by = signal.Signals(received[0]).name if received else None
-        return LaunchResult(returncode, interrupted_by)
+        return LaunchResult(returncode, interrupted_by, self.log_errors[0] if self.log_errors else None)
 
     def stop(self) -> None:
         """Stop it before it trained (the plan failed): SIGTERM, then SIGKILL to torchrun and its
@@ -91,14 +97,26 @@ class Torchrun:
         self._tee.join()
 
 
-def _tee(process: subprocess.Popen, log_path: Path, echo: bool, tail: deque) -> None:
-    with open(log_path, "ab") as log:
-        for line in process.stdout:
-            if echo:
-                sys.stdout.buffer.write(line)
-                sys.stdout.flush()
-            log.write(line)
-            tail.append(line)
+def _tee(process: subprocess.Popen, log_path: Path, echo: bool, tail: deque, log_errors: list[str]) -> None:
+    try:
+        log = open(log_path, "ab", buffering=0)  # unbuffered: a failed write raises at the write
+    except OSError as e:
+        log = None
+        log_errors.append(f"{log_path} could not be written: {e.strerror}")
+    for line in process.stdout:
+        if echo:
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+        tail.append(line)
+        if log is not None:
+            try:
+                log.write(line)
+            except OSError as e:  # a full disk: keep draining, so that no worker blocks on the pipe
+                log_errors.append(f"{log_path} could not be written: {e.strerror}")
+                log.close()
+                log = None
+    if log is not None:
+        log.close()
 
 
 def _kill_job(process: subprocess.Popen) -> None:

@@ -9,8 +9,10 @@ in the launcher would hold back every worker on a small host.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
@@ -33,9 +35,21 @@ def plan_for_the_launcher(run_dir: Path, handoff: Handoff) -> Plan:
     messages: list[str] = []
     try:
         plan = make_plan(request["composed"], run_dir, WorkerLaunch(**request["launch"]), model_dir, messages.append)
-        planned = record_plan(plan, run_dir, messages)
+        loads = _checked_checkpoint(plan, messages.append)
+        planned = dataclasses.replace(record_plan(plan, run_dir, messages), checkpoint=loads)
     except ConfigError as e:
         handoff.plan_failed(run_dir, str(e))
         raise SystemExit(PLAN_FAILED_EXIT) from None
     handoff.plan_ready(run_dir, planned)
     return plan
+
+
+def _checked_checkpoint(plan, warn: Callable[[str], None]) -> dict[str, Any]:
+    """The run dir's checkpoint this launch loads, checked before any rank builds (node 0 checks
+    the folder the nodes share; a damaged one is set aside: `worker.checkpoint_check`)."""
+    from qwen3_neuron.worker.checkpoint_check import check_checkpoints
+
+    checkpoint = plan.trainer_config.checkpoint
+    if not checkpoint.enable or plan.settings.run.node_rank != 0:
+        return {}
+    return check_checkpoints(Path(plan.trainer_config.dump_folder) / checkpoint.folder, checkpoint.load_step, warn)

@@ -1,0 +1,143 @@
+"""Talk to a trained model: `python -m qwen3_neuron.chat <export dir or run dir>`.
+
+Loads the dir with Transformers (`AutoTokenizer`, `AutoModelForCausalLM`), renders each turn with
+the dir's own chat template (`apply_chat_template(..., add_generation_prompt=True)`, `--system`
+and `--tools` included) and calls `generate()`: greedy unless `--do_sample`, sampling flags named
+as `generate()` names them. Prints the reply only (its reasoning with `--show_reasoning`).
+Without `--prompt` it is an interactive prompt that keeps the conversation (`/reset` clears it,
+`/exit` or Ctrl-D leaves). A run dir resolves to its summary's `export_dir` (`hf_export`).
+
+A dir whose generation config does not stop at the template's end of turn (a base model's)
+is told so on stderr, and this command stops there anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from qwen3_neuron.errors import ExportError
+from qwen3_neuron.hf_io.generation import chat_stop_problem, end_of_turn_token, stop_ids
+from qwen3_neuron.run_dir import SUMMARY_FILE, read_json
+
+CONFIG_FILE = "config.json"
+SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty")
+
+
+def model_dir_of(path: Path) -> Path:
+    """The HF model dir `path` names: itself, or a run dir's export."""
+    if (path / CONFIG_FILE).is_file():
+        return path
+    summary = read_json(path / SUMMARY_FILE)
+    exported = summary.get("export_dir") if summary else None
+    if exported and (Path(exported) / CONFIG_FILE).is_file():
+        return Path(exported)
+    raise FileNotFoundError(
+        f"{path}: neither an HF model dir (no {CONFIG_FILE}) nor a run dir with an export; "
+        "train with checkpointing=export_hf, or pass the export dir"
+    )
+
+
+class Chat:
+    """One model dir, loaded once; `reply` renders a conversation and generates its next turn."""
+
+    def __init__(self, model_dir: Path, device: str | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # the screen is the conversation's
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").to(self.device).eval()
+        self.stop = stop_ids(self.model.generation_config)
+        problem = chat_stop_problem(model_dir)
+        if problem:
+            print(f"note: {model_dir}: {problem}; stopping there in this chat", file=sys.stderr)
+            try:
+                self.stop = [end_of_turn_token(self.tokenizer)[1], *self.stop]
+            except ExportError:
+                pass  # no template end of turn to stop at: generation runs to max_new_tokens
+
+    def reply(self, messages: list[dict[str, Any]], tools: list | None = None, **generate_kwargs) -> str:
+        """The generated text of the assistant's next turn, special tokens removed."""
+        import torch
+
+        inputs = self.tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        ).to(self.device)
+        with torch.no_grad():
+            output = self.model.generate(**inputs, eos_token_id=self.stop, **generate_kwargs)
+        return self.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """(reasoning, answer) of a reply that opens with a <think> block; ("", text) otherwise."""
+    if "</think>" not in text:
+        return "", text.strip()
+    reasoning, answer = text.split("</think>", 1)
+    return reasoning.replace("<think>", "", 1).strip(), answer.strip()
+
+
+def _generate_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs = {"max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample}
+    if args.do_sample:
+        kwargs.update({name: getattr(args, name) for name in SAMPLING if getattr(args, name) is not None})
+    return kwargs
+
+
+def _print_reply(text: str, show_reasoning: bool) -> str:
+    reasoning, answer = split_reasoning(text)
+    if show_reasoning and reasoning:
+        print(f"<think>\n{reasoning}\n</think>")
+    print(answer, flush=True)
+    return answer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m qwen3_neuron.chat", description=__doc__.splitlines()[0])
+    parser.add_argument("path", type=Path, help="an HF model dir (hf_export) or a run dir that exported one")
+    parser.add_argument("--prompt", help="one user message: print the reply and exit")
+    parser.add_argument("--system", help="a system message before the conversation")
+    parser.add_argument("--tools", type=Path, help="a JSON file holding a list of tool schemas")
+    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when there is one, else cpu)")
+    parser.add_argument("--max_new_tokens", type=int, default=256)
+    parser.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
+    for name in SAMPLING:
+        parser.add_argument(f"--{name}", type=float if name != "top_k" else int, help="with --do_sample")
+    parser.add_argument("--show_reasoning", action="store_true", help="print the reply's <think> block too")
+    args = parser.parse_args(argv)
+    try:
+        model_dir = model_dir_of(args.path)
+        tools = json.loads(args.tools.read_text()) if args.tools else None
+        if tools is not None and not isinstance(tools, list):
+            raise ValueError(f"--tools {args.tools}: expected a JSON list of tool schemas")
+        chat = Chat(model_dir, args.device)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    generate_kwargs = _generate_kwargs(args)
+    if args.prompt is not None:
+        _print_reply(chat.reply([*history, {"role": "user", "content": args.prompt}], tools, **generate_kwargs),
+                     args.show_reasoning)  # fmt: skip
+        return 0
+    conversation = list(history)
+    print(f"chatting with {model_dir} on {chat.device} (/reset clears the conversation, /exit or Ctrl-D leaves)")
+    while True:
+        try:
+            text = input("you> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if text.strip() == "/exit":
+            return 0
+        if text.strip() == "/reset":
+            conversation = list(history)
+            continue
+        conversation.append({"role": "user", "content": text})
+        answer = _print_reply(chat.reply(conversation, tools, **generate_kwargs), args.show_reasoning)
+        conversation.append({"role": "assistant", "content": answer})
