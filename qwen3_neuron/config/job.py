@@ -51,11 +51,13 @@ class Job:
         """The job as the workers take it: the device and its NEFF cache dir resolved (a resumed
         run compiles into the same cache), and model=hf's dir as the local path found here (a Hub
         id is never looked up again in a worker)."""
-        composed = {**self.composed, "device": {**(self.composed.get("device") or {}), "type": device, "cache_dir": cache_dir}}
+        device_section = {**(self.composed.get("device") or {}), "type": device, "cache_dir": cache_dir}
+        composed = {**self.composed, "device": device_section}
         settings = dataclasses.replace(
             self.settings, device=dataclasses.replace(self.settings.device, type=device, cache_dir=cache_dir)
         )
         if model_dir is not None:
-            composed["model"] = {**composed["model"], "hf_model": str(model_dir.path)}
-            settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model, hf_model=str(model_dir.path)))
+            hf_model = str(model_dir.path)
+            composed["model"] = {**composed["model"], "hf_model": hf_model}
+            settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model, hf_model=hf_model))
         return Job(composed, settings, model_dir)

@@ -86,24 +86,24 @@ def run_job(cfg: DictConfig) -> JobOutcome:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does: a user's kernel module beside them imports
     hydra_config = HydraConfig.get()
-    job = _Job(
+    hydra_job = _HydraJob(
         run_dir=Path(hydra_config.runtime.output_dir).resolve(),
         single_run=hydra_config.mode == RunMode.RUN,
         label="" if hydra_config.mode == RunMode.RUN else f"#{hydra_config.job.num}",
         sweep_dir=None if hydra_config.mode == RunMode.RUN else Path(hydra_config.sweep.dir).resolve(),
     )
-    stopped_by = job.sweep_dir and sweep_stop_reason(job.sweep_dir)
+    stopped_by = hydra_job.sweep_dir and sweep_stop_reason(hydra_job.sweep_dir)
     if stopped_by:
-        summary = summarize(job.run_dir, "skipped", 0.0, error=f"not run: {stopped_by}")
-        write_summary(job.run_dir, summary)
+        summary = summarize(hydra_job.run_dir, "skipped", 0.0, error=f"not run: {stopped_by}")
+        write_summary(hydra_job.run_dir, summary)
         return JobOutcome(1, single_run=False, summary=summary)
     try:  # before anything in the run dir is read or written: a live launch there owns it
-        lock = RunDirLock.take(job.run_dir, _node_rank(cfg))
+        lock = RunDirLock.take(hydra_job.run_dir, _node_rank(cfg))
     except RunDirInUse as e:
         print(f"Run dir in use: {e}", file=sys.stderr)
-        return JobOutcome(CONFIG_ERROR_EXIT, job.single_run)  # its owner's dir: nothing written, nothing removed
+        return JobOutcome(CONFIG_ERROR_EXIT, hydra_job.single_run)  # its owner's dir: nothing written, nothing removed
     try:
-        return _run_job_in(cfg, job, hydra_config)
+        return _run_job_in(cfg, hydra_job, hydra_config)
     finally:
         lock.release()
 
@@ -116,41 +116,41 @@ def _node_rank(cfg: DictConfig) -> int:
         return 0  # a bad value: the job's settings name it, holding node 0's lock meanwhile
 
 
-def _run_job_in(cfg: DictConfig, job: _Job, hydra_config) -> JobOutcome:
+def _run_job_in(cfg: DictConfig, hydra_job: _HydraJob, hydra_config) -> JobOutcome:
     """The job, once it owns its run dir."""
     workers = None
     try:
         composed = OmegaConf.to_container(cfg, resolve=True)
         if composed["run"]["resume"]:
-            composed = resumed_config(job.run_dir, composed, list(hydra_config.overrides.task))
+            composed = resumed_config(hydra_job.run_dir, composed, list(hydra_config.overrides.task))
         composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
         settings = parse_settings(composed)  # the framework's own sections: typos need no torchtitan
         check_trainer_keys(composed, settings)  # nor do those in torchtitan's sections
         model_dir = find_model_dir(settings.model.hf_model) if settings.model.kind == "hf" else None
         if settings.run.dry_run or settings.run.show_data:  # nothing trains: planned here, nothing started
-            return _plan_only(settings, job, composed, model_dir)
-        workers = _start_workers(settings, job.run_dir, composed, model_dir)
+            return _plan_only(settings, hydra_job, composed, model_dir)
+        workers = _start_workers(settings, hydra_job.run_dir, composed, model_dir)
         planned = workers.wait_for_plan()  # local rank 0's plan
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on
         if workers is not None:
             workers.discard()
         if not isinstance(e, (ConfigError, OmegaConfBaseException)):
             raise
-        return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
-    return job.train(settings, planned, workers)
+        return hydra_job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
+    return hydra_job.train(settings, planned, workers)
 
 
-def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModelDir | None) -> JobOutcome:
+def _plan_only(settings: Settings, hydra_job: _HydraJob, composed: dict, model_dir: HFModelDir | None) -> JobOutcome:
     """A dry run or `run.show_data`: the plan, made and recorded here (importing torchtitan)."""
     from qwen3_neuron.planning.plan import make_plan  # imports torchtitan (seconds)
 
-    plan = make_plan(composed, job.run_dir, None, model_dir)
-    record_plan(plan, job.run_dir, [])  # its warnings: printed as it made them
+    plan = make_plan(composed, hydra_job.run_dir, None, model_dir)
+    record_plan(plan, hydra_job.run_dir, [])  # its warnings: printed as it made them
     if settings.run.dry_run:
-        _print_plan(plan, job.run_dir)
+        _print_plan(plan, hydra_job.run_dir)
     else:
         _show_data(plan, settings.run.show_data)
-    return JobOutcome(0, job.single_run)
+    return JobOutcome(0, hydra_job.single_run)
 
 
 class _Workers:
@@ -225,7 +225,9 @@ def _start_workers(settings: Settings, run_dir: Path, composed: dict, model_dir:
     return _Workers(launch, run_dir, settings.run.verbose, request)
 
 
-class _Job:
+class _HydraJob:
+    """This job as Hydra runs it: its run dir, and its place in a sweep (if it is in one)."""
+
     def __init__(self, run_dir: Path, single_run: bool, label: str, sweep_dir: Path | None):
         self.run_dir, self.single_run, self.label, self.sweep_dir = run_dir, single_run, label, sweep_dir
 

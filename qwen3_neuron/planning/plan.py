@@ -4,10 +4,10 @@ No process is started and no device is touched here, so every config error surfa
 anything is built. It runs in local rank 0 of workers the launcher started before planning
 (`worker.plan`: that process imports torchtitan anyway), or in the launcher for a dry run and
 `run.show_data`. The plan builds the config (`trainer_config.build`: local rank 0 then trains
-with it, the other workers build it from what the plan records) and checks it once: on a copy, it does what torchtitan's `Trainer.__init__` does to the config
-before building anything (`ParallelDims`, the model's `update_from_config`, `apply_overrides`,
-`_validate_cuda_graphs`) and turns their errors into `ConfigError`s with what would fit; then
-the checks torchtitan lacks (`layout`, HF dirs, assets, torch capabilities, what the worker's
+with it, the other workers build it from what the plan records) and checks it once: on a
+copy, it does what torchtitan's `Trainer.__init__` does to the config before building anything
+(`ParallelDims`, the model's `update_from_config`, `apply_overrides`, `_validate_cuda_graphs`)
+and turns their errors into `ConfigError`s with what would fit; then the checks torchtitan lacks (`layout`, HF dirs, assets, torch capabilities, what the worker's
 `train.main` would assert, the static shapes Neuron's compile needs: `static_shapes`).
 """
 

@@ -2,8 +2,9 @@
 
 The plan (`planning.plan`: in local rank 0, or the launcher) builds with it and then checks the
 result, and local rank 0 trains with that config; the other workers (`worker.train`) build with
-it from the run dir's `job.yaml` and check nothing again. So nothing here looks anything up or reads more than it needs to build: the
-model=hf dir is read once (`HFModelDir`), from the local path the plan resolved and recorded.
+it from the run dir's `job.yaml` and check nothing again. So nothing here looks anything up or
+reads more than it needs to build: the model=hf dir is read once (`HFModelDir`), from the local
+path the plan resolved and recorded.
 """
 
 from __future__ import annotations
