@@ -7,8 +7,9 @@ anything is built. It runs in local rank 0 of workers the launcher started befor
 with it, the other workers build it from what the plan records) and checks it once: on a
 copy, it does what torchtitan's `Trainer.__init__` does to the config before building anything
 (`ParallelDims`, the model's `update_from_config`, `apply_overrides`, `_validate_cuda_graphs`)
-and turns their errors into `ConfigError`s with what would fit; then the checks torchtitan lacks (`layout`, HF dirs, assets, torch capabilities, what the worker's
-`train.main` would assert, the static shapes Neuron's compile needs: `static_shapes`).
+and turns their errors into `ConfigError`s with what would fit; then the checks torchtitan
+lacks (`layout`, HF dirs, assets, torch capabilities, what the worker's `train.main` would
+assert, the static shapes Neuron's compile needs: `static_shapes`).
 """
 
 from __future__ import annotations
