@@ -6,7 +6,7 @@
     python launch.py run.dry_run=true
 
 Hydra runs in this process only; torchrun's workers rebuild the config from the run dir
-(qwen3_neuron.worker.train).
+(qwen3_neuron.worker.train). The launch exits with its jobs' outcome.
 """
 
 import sys
@@ -14,32 +14,29 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from qwen3_neuron.config.hydra_setup import experiment_without_plus, register
+from qwen3_neuron.launch.hydra_setup import experiment_without_plus, register
+from qwen3_neuron.process_exit import exit_without_teardown
 
-_composed = False  # Hydra got as far as a job
 
+def main() -> int:
+    outcomes = []  # one per job this process ran (a sweep's launcher may run them elsewhere)
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> float | None:
-    global _composed
-    _composed = True
-    # imported once Hydra has composed: the job imports torchtitan (seconds), which a
-    # misspelled group option or a command-line typo need not wait for
-    from qwen3_neuron.launch.job import run_job
+    @hydra.main(version_base="1.3", config_path="conf", config_name="config")
+    def run(cfg: DictConfig) -> float | None:
+        from qwen3_neuron.launch.job import run_job  # once composed: a misspelled group option need not wait
 
-    return run_job(cfg)
+        outcomes.append(run_job(cfg))
+        return outcomes[-1].objective
+
+    try:
+        run()
+    except SystemExit as e:  # Hydra could not compose (model=nativ): a config mistake, exit 2 as every other
+        return 2 if e.code == 1 and not outcomes else e.code or 0
+    from qwen3_neuron.launch.job import launch_exit_code  # after run(): Hydra's --help needs none of it
+    return launch_exit_code(outcomes)
 
 
 if __name__ == "__main__":
     register()  # torchtitan's sections and the project's resolvers, before Hydra composes
     sys.argv = experiment_without_plus(sys.argv)
-    try:
-        main()
-    except SystemExit as e:
-        # Hydra reports what it cannot compose (model=nativ, a bad override) and exits 1:
-        # a config mistake, exit code 2 as for every other
-        raise SystemExit(2 if e.code == 1 and not _composed else e.code) from None
-    from qwen3_neuron.launch.job import exit_code
-    from qwen3_neuron.process_exit import exit_without_teardown
-
-    exit_without_teardown(exit_code())
+    exit_without_teardown(main())

@@ -9,8 +9,8 @@ import shutil
 import pytest
 from conftest import SESSION_CACHE, compose_config, launch, processes_mentioning
 
-from qwen3_neuron.config.plan import make_plan
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.planning.plan import make_plan
 
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"
@@ -188,9 +188,10 @@ def test_bad_input_fails_at_plan_time_naming_the_key(tmp_path, assets, bad_data,
     assert not run_dir.exists()
 
 
-# Caught by Hydra itself while composing, or by the framework's own settings (`check_settings`: the
-# kernels, top_k, LoRA and data file rows), before torchrun starts (a model=hf dir that is not there too); or, the
-# training.stpes row, by the plan in torchrun's local rank 0, which stops every worker and removes
+# Caught by Hydra itself while composing, by the framework's own settings (`check_settings`: the
+# kernels, top_k, LoRA and data file rows) or by torchtitan's keys as the launcher knows them
+# (`trainer_keys`: the training.stpes row), before torchrun starts (a model=hf dir that is not there
+# too); or, the training.steps=0 row, by the plan in torchrun's local rank 0, which stops every worker and removes
 # what torchrun wrote. Either way, checked through launch.py, whose process never imports torchtitan.
 LAUNCH_TIME = [
     (["model=nativ"], ["model/nativ", "native"]),
@@ -206,6 +207,7 @@ LAUNCH_TIME = [
     (["model.top_k=2"], ["model.top_k applies to model=moe only"]),
     (["finetune=lora", "finetune.rank=0"], ["finetune.rank must be a positive integer, got 0"]),
     (["training.stpes=3"], ["training.stpes", "'steps'"]),
+    (["training.steps=0"], ["training.steps must be a positive integer, got 0"]),
 ]
 
 

@@ -12,10 +12,11 @@ import pytest
 import torch
 from conftest import compose_config, launch
 
-from qwen3_neuron.config.build import build_trainer_config
-from qwen3_neuron.config.plan import make_plan
-from qwen3_neuron.config.record import write_record
+from qwen3_neuron.config.job import Job
+from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.planning.record import write_record
 from qwen3_neuron.run_dir import read_job
+from qwen3_neuron.trainer_config.build import build_trainer_config
 
 _opened: list[str] | None = None  # the files opened while a test records, else None
 
@@ -60,7 +61,7 @@ def test_workers_rebuild_the_planned_config_without_the_plans_checks(tmp_path, a
     global _opened
     _opened = []
     try:
-        config = build_trainer_config(job, run_dir, job["device"]["type"])
+        config = build_trainer_config(Job.read(run_dir), run_dir)
     finally:
         opened, _opened = _opened, None
     read_from_model_dir = [Path(p).name for p in opened if p.startswith(str(snapshot.resolve()))]
@@ -109,3 +110,38 @@ def test_local_tensor_mode_skips_training_as_torchtitan_does(tmp_path, assets):
     assert "Local tensor mode enabled - skipping training execution" in log
     assert (summary["status"], summary["steps"]) == ("completed", 0)
     assert not (run_dir / "checkpoint").exists() and not (run_dir / "structured_logs").exists()
+
+
+@pytest.mark.parametrize("overrides", [[], ["experiment=cpu_qwen3_tiny_lora"]], ids=["default", "lora"])
+def test_a_plan_parses_the_settings_builds_the_config_and_the_meta_model_once(tmp_path, assets, monkeypatch, overrides):
+    """What local rank 0 does before it trains (with the plan's job and config, building nothing
+    more); every other rank parses and builds once too (`Job.read`, `build_trainer_config`)."""
+    from collections import Counter
+
+    from qwen3_neuron.config import settings
+    from qwen3_neuron.planning import memory, plan
+    from qwen3_neuron.trainer_config import build
+
+    counts = Counter()
+
+    def count(module, name, when=lambda *args: True):
+        original = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            counts[name] += when(*args)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    count(settings, "apply_fields", when=lambda node, values, path: path == "model")  # one per parse
+    count(build, "base_config")  # one per Trainer.Config built
+    count(plan, "meta_model")
+    count(memory, "meta_model")
+    composed = compose_config(*overrides)
+    counts.clear()  # what composing cost is Hydra's
+    planned = make_plan(composed, tmp_path / "run")
+    assert counts == {"apply_fields": 1, "base_config": 1, "meta_model": 1}
+    write_record(tmp_path / "run", planned.job, planned)
+    counts.clear()
+    build_trainer_config(Job.read(tmp_path / "run"), tmp_path / "run")  # the other ranks
+    assert counts == {"apply_fields": 1, "base_config": 1}

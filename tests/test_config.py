@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 
 import pytest
 from conftest import compose_config, launch
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config.hydra_setup import TRAINER_SECTIONS
-from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.config.settings import parse_settings
+from qwen3_neuron.config.trainer_keys import KEYS_FILE, check_trainer_keys, trainer_keys
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.launch.hydra_setup import TRAINER_SECTIONS
+from qwen3_neuron.planning.plan import make_plan
 
 
 def plan_for(tmp_path, *overrides):
@@ -50,6 +53,38 @@ def test_hydra_opens_exactly_torchtitans_trainer_sections():
         if f.name != "model_spec" and f.default_factory is not dataclasses.MISSING
     ]  # fmt: skip
     assert list(TRAINER_SECTIONS) == sections
+
+
+def test_the_launchers_trainer_keys_are_torchtitans_own():
+    # stale after a torchtitan upgrade: python -m qwen3_neuron.config.trainer_keys rewrites it
+    assert json.loads(KEYS_FILE.read_text()) == trainer_keys()
+
+
+@pytest.mark.parametrize("overrides", [
+    ["training.stpes=3"], ["checkpoint.intervall=2"], ["optimizer.lrr=1e-3"], ["dataloader.sources=[]"],
+    ["data=text", "data.files={text}", "dataloader.datset=x"], ["model=hf", "training.stpes=3"],
+])  # fmt: skip
+def test_the_launcher_names_a_misspelled_torchtitan_key_as_the_plan_does(tmp_path, assets, overrides):
+    composed = compose_config(*(o.replace("{text}", str(assets.text_train_file)) for o in overrides))
+    with pytest.raises(ConfigError) as at_launch:
+        check_trainer_keys(composed, parse_settings(composed))
+    assert str(at_launch.value).startswith("Unknown config key")
+    if "model=hf" not in overrides:  # the plan needs the HF dir too
+        with pytest.raises(ConfigError) as in_plan:
+            make_plan(composed, tmp_path / "run")
+        assert str(in_plan.value) == str(at_launch.value)
+
+
+def test_the_launcher_leaves_valid_and_swapped_torchtitan_keys_to_the_plan():
+    for overrides in (
+        ["optimizer.lr=1e-3", "checkpointing=periodic"],
+        ["data=text", "data.files=rows.jsonl", "data.val_fraction=0.1", "dataloader.streaming=true"],
+        ["+activation_checkpoint._target_=torchtitan.distributed.activation_checkpoint.FullAC.Config",
+         "+activation_checkpoint.anything=1"],
+        ["model.config_fn=qwen3_8b", "training.stpes=3"],  # a base config the file does not know
+    ):  # fmt: skip
+        composed = compose_config(*overrides)
+        check_trainer_keys(composed, parse_settings(composed))
 
 
 def test_overrides_reach_the_trainer_config(tmp_path, assets):

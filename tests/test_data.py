@@ -317,8 +317,8 @@ def test_resuming_from_the_state_gives_the_very_next_samples(tmp_path, tokenizer
 def test_show_data_prints_rank_0_samples_with_the_spans_without_loss_marked(tmp_path, assets):
     from conftest import compose_config
 
-    from qwen3_neuron.config.plan import make_plan
     from qwen3_neuron.data.preview import show_samples
+    from qwen3_neuron.planning.plan import make_plan
 
     overrides = ("data=chat", "data.packing=greedy", "training.seq_len=256", "run.show_data=1")  # in row order
     plan = make_plan(compose_config(*overrides), tmp_path / "run")
@@ -364,8 +364,8 @@ def test_the_progress_line_shows_the_last_validation_loss(tmp_path):
 def test_a_mix_interleaves_text_and_chat_sources_by_weight(tmp_path, tokenizer, assets):
     from conftest import compose_config
 
-    from qwen3_neuron.config.plan import make_plan
     from qwen3_neuron.data.loader import PackedDataLoader
+    from qwen3_neuron.planning.plan import make_plan
 
     texts = write_jsonl(tmp_path / "texts.jsonl", [{"text": f"plain text number {i}"} for i in range(50)])
     chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 50)

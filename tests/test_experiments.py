@@ -14,12 +14,12 @@ import json
 import pytest
 from conftest import compose_config, launch
 
-from qwen3_neuron.config.hydra_setup import experiment_without_plus
-from qwen3_neuron.config.layout import resolve_degrees
-from qwen3_neuron.config.plan import make_plan
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.launch.hydra_setup import experiment_without_plus
 from qwen3_neuron.models.flavors import moe_dims
+from qwen3_neuron.planning.layout import resolve_degrees
+from qwen3_neuron.planning.plan import make_plan
 
 NKI = "qwen3_neuron.kernels.moe.nki.nki_experts"
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
@@ -159,7 +159,7 @@ def test_trn2_qwen3_4b_sft_plans_chat_sft_with_validation_on_64_ranks(tmp_path, 
     assert (source.format, source.files, source.val_fraction, source.train_on_prompt) == (
         "chat", str(assets.chat_train_file), 0.02, False)  # fmt: skip
     assert config.validator.enable and config.validator.dataloader.role == "validation"
-    assert config.hf_assets_path == plan.job["model"]["hf_model"]  # the model dir's own tokenizer
+    assert config.hf_assets_path == plan.job.composed["model"]["hf_model"]  # the model dir's own tokenizer
     assert config.checkpoint.initial_load_in_hf and config.checkpoint.last_save_in_hf
 
 

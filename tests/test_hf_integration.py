@@ -21,8 +21,8 @@ import torch
 from conftest import REPO, TINY, compose_config, launch, read_jsonl
 from safetensors.torch import load_file
 
-from qwen3_neuron.config.plan import make_plan
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.planning.plan import make_plan
 from qwen3_neuron.run_dir import read_job
 
 pytestmark = pytest.mark.integration
@@ -176,7 +176,7 @@ def test_a_missing_hf_config_stops_the_launch_naming_file_and_key(tmp_path):
 
 def test_an_hf_dir_of_another_architecture_is_refused_at_plan_time(tmp_path, assets):
     """The plan's check (local rank 0's in a launch, which then stops every worker: the
-    training.stpes row of tests/test_bad_inputs.py)."""
+    training.steps=0 row of tests/test_bad_inputs.py)."""
     moe = assets.tiny_qwen3_moe_dir
     overrides = ("model=native", "checkpointing=from_hf", f"checkpoint.initial_load_path={moe}")
     with pytest.raises(ConfigError) as error:

@@ -15,9 +15,7 @@ from conftest import LORA_DROPOUT, compose_config, launch, read_jsonl
 from test_resume import as_of_checkpoint
 from transformers import AutoTokenizer
 
-from qwen3_neuron.config.build import build_trainer_config
-from qwen3_neuron.config.memory import meta_model
-from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.settings import parse_settings
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.lora import LoRADropoutConverter
@@ -27,7 +25,10 @@ from qwen3_neuron.hf_io import verify
 from qwen3_neuron.hf_io.adapter_export import write_adapter
 from qwen3_neuron.hf_io.verify import fixed_batch
 from qwen3_neuron.models.tiny import TINY_DENSE, TINY_MOE
+from qwen3_neuron.planning.memory import meta_model
+from qwen3_neuron.planning.plan import make_plan
 from qwen3_neuron.run_dir import read_job
+from qwen3_neuron.trainer_config.build import build_trainer_config
 
 RANK, ALPHA = 8, 16.0
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -81,7 +82,7 @@ def _titan_model(run_dir: Path, state: dict[str, torch.Tensor]):
     """The model the run trained (LoRA included; model=hf: Transformers' Qwen3 with torchtitan's
     LoRALinear layers), built as the plan builds it, on the CPU, holding `state` (None: on the meta
     device, as built)."""
-    config = build_trainer_config(read_job(run_dir), run_dir, "cpu")
+    config = build_trainer_config(Job.read(run_dir), run_dir)
     model = meta_model(config)
     if state is None:  # the architecture alone
         return model, config
@@ -177,7 +178,7 @@ def test_peft_on_the_base_gives_the_trained_models_logits(backend, request, asse
 
     run_dir = _run(request, backend)
     adapters = _checkpoint(run_dir / "checkpoint" / "step-8", tmp_path)
-    config = build_trainer_config(read_job(run_dir), run_dir, "cpu")
+    config = build_trainer_config(Job.read(run_dir), run_dir)
     base = _initial_base(config, assets)
     model, config = _titan_model(run_dir, {**base, **adapters})
     adapter_dir = tmp_path / "adapter"

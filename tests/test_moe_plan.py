@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from conftest import compose_config
 
-from qwen3_neuron.config.plan import make_plan
 from qwen3_neuron.models.flavors import moe_dims
+from qwen3_neuron.planning.plan import make_plan
 
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 

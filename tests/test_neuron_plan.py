@@ -7,10 +7,10 @@ import pytest
 from conftest import compose_config
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
-from qwen3_neuron.config.plan import make_plan
-from qwen3_neuron.config.static_shapes import check_static_shapes
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.planning.static_shapes import check_static_shapes
 
 NEURON_COMPILE = ["device=neuron", "run.dry_run=true", "compile.enable=true", "run.nproc_per_node=2"]
 MOE_NKI = ["experiment=trn2_qwen3_moe_nki", "run.dry_run=true"]
@@ -36,7 +36,7 @@ def test_moe_nki_plan_names_the_cache_dir_and_what_the_static_shape_check_covere
     plan = plan_for(tmp_path, *MOE_NKI)
     neff = str(user_cache / "neff")
     assert plan.env[devices.NEFF_CACHE_ENV] == neff  # the workers' env and command.sh
-    assert plan.job["device"] == {"type": "neuron", "cache_dir": neff}  # job.yaml: a resume reuses it
+    assert plan.job.composed["device"] == {"type": "neuron", "cache_dir": neff}  # job.yaml: a resume reuses it
     assert plan.compile_cache.startswith(f"compile cache: {neff} (TORCH_NEURONX_NEFF_CACHE_DIR; default")
     assert "outside its run dir" in plan.compile_cache
     assert plan.static_shapes == (

@@ -208,7 +208,7 @@ def test_launcher_presets_allocate_run_nnodes_nodes_with_one_task_each(preset):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from qwen3_neuron.config.hydra_setup import CONF_DIR
+    from qwen3_neuron.launch.hydra_setup import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"hydra/launcher={preset}", "run.nnodes=4"], return_hydra_config=True)

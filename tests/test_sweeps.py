@@ -17,10 +17,11 @@ import yaml
 from conftest import REPO, SWEEP_JOB, compose_config, read_jsonl
 from hydra import compose, initialize_config_dir
 
-from qwen3_neuron.config import hydra_setup as project_compose
-from qwen3_neuron.config.plan import make_plan
-from qwen3_neuron.config.record import training_dtype
+from qwen3_neuron.launch import hydra_setup as project_compose
+from qwen3_neuron.launch.job import JobOutcome, launch_exit_code
 from qwen3_neuron.launch.progress import Progress
+from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.planning.record import training_dtype
 from qwen3_neuron.report.peak_flops import PeakFlops, cache_path, peak_flops
 from qwen3_neuron.report.summary import JobFailed, crash_error, summarize, summary_lines, sweep_job_value
 from qwen3_neuron.report.sweep_table import COLUMNS, read_overrides, write_report
@@ -232,6 +233,14 @@ def test_the_optuna_example_composes_into_a_search_space_the_plan_accepts(tmp_pa
 def write_records(run_dir: Path, records: list[dict]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_the_launch_exits_with_a_single_runs_code_and_1_for_a_sweep_with_a_job_that_did_not_complete():
+    assert [launch_exit_code([JobOutcome(code, single_run=True)]) for code in (0, 1, 2)] == [0, 1, 2]
+    done, config_error = JobOutcome(0, single_run=False, objective=3.2), JobOutcome(2, single_run=False)
+    assert launch_exit_code([done, done]) == 0  # dry runs too: they end with 0
+    assert launch_exit_code([done, config_error]) == 1
+    assert launch_exit_code([]) == 0  # --cfg job, --help: no job ran
 
 
 def test_a_failed_jobs_error_is_the_workers_own_else_the_first_traceback_of_its_log(tmp_path):

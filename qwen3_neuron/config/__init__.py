@@ -1,10 +1,6 @@
-"""Composed YAML -> a validated torchtitan `Trainer.Config` (no processes started here).
-
-`hydra_setup` prepares Hydra's composition (launcher); `settings` and `fields` read the
-framework's and torchtitan's sections; `torchrun` works out the torchrun command for one node of
-a job, without torchtitan, so the launcher starts it first; `build` makes the Trainer.Config (the
-workers call it too, on the recorded job); `plan` checks it (`layout`: parallel degrees;
-`resume`: what a resumed run may change), in local rank 0 of the workers or in the launcher, and
-`record` writes it to the run dir. Imports models/, devices/, kernels/ and torchtitan; never
-launch/, worker/ or report/.
+"""The one job, on both sides of torchrun, without torchtitan: `job` (the composed config and the
+framework's settings parsed from it once, `settings`), `fields` (how a YAML value is checked onto
+a config dataclass), `trainer_keys` (torchtitan's keys, known to the launcher before any
+torchtitan import) and `torchrun` (the device, ranks and torchrun command of one node). Imports
+models/ and finetune/ names; never launch/, worker/ or report/.
 """

@@ -52,6 +52,21 @@ def apply_fields(node: Any, values: Mapping[str, Any], path: str, hint: Any = An
         raise ConfigError(f"{path or 'config'}: {e}") from e
 
 
+def key_tree(node: Any) -> dict[str, dict | None]:
+    """The keys `apply_fields` takes on the dataclass `node`: {name: the keys of the config it
+    holds, or None for a value}, descending where `apply_fields` does."""
+    tree = {}
+    for name in sorted(_field_names(type(node))):
+        value = getattr(node, name)
+        arm = _dataclass_arm(_type_hints(type(node)).get(name, Any)) if value is None else None
+        try:
+            value = arm() if arm is not None else value
+        except TypeError:  # required fields: apply_fields cannot make one either
+            pass
+        tree[name] = key_tree(value) if dataclasses.is_dataclass(value) else None
+    return tree
+
+
 def unknown_key_message(key_path: str, key: str, valid: typing.Iterable[str]) -> str:
     valid = sorted(valid)
     close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)

@@ -149,6 +149,9 @@ class HFSettings:
     the run dir); null: <run dir>/hf_export."""
 
 
+PACKED_KINDS = ("text", "chat", "mix")  # the data kinds read into qwen3_neuron.data's PackedDataLoader
+
+
 @dataclass(kw_only=True)
 class DataSettings:
     kind: Literal["tiny", "c4", "text", "chat", "mix"] = "tiny"
@@ -278,6 +281,13 @@ class Settings:
     data: DataSettings
     finetune: FinetuneSettings
 
+
+# torchtitan's fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
+FRAMEWORK_OWNED = {"model_spec": "model.flavor", "dump_folder": "hydra.run.dir", "hf_model": "model.hf_model"}
+
+# `optimizer.lr=3e-4` and friends: set on every param group (torchtitan 0.3.0 keeps them in
+# `optimizer.param_groups[i].optimizer_kwargs`).
+OPTIMIZER_SHORTHANDS = ("lr", "weight_decay", "betas", "eps")
 
 SECTIONS: dict[str, type] = {
     "model": ModelSettings,

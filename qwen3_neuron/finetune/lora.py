@@ -38,7 +38,7 @@ from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.names import ADAPTER_MODULES, HF_PROJECTIONS
-from qwen3_neuron.models.hf.spec import HF_BACKEND_NAME
+from qwen3_neuron.models.hf import HF_BACKEND_NAME
 
 # `finetune` below is the plan's `finetune` section (config.settings.FinetuneSettings): read by
 # attribute, never imported, so that finetune stays below the config stage that builds with it.

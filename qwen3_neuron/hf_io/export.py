@@ -20,7 +20,7 @@ leaves a dir that looks complete. The consumed `step-N` HF save is then deleted:
 would otherwise take it for a resumable checkpoint on a relaunch in the same run dir (its
 `_find_load_step` accepts a step dir holding a safetensors index) and fail to load it as DCP.
 
-Called by global rank 0 once every rank has finished training (`export_run`, from
+Called by global rank 0 once every rank has finished training (`run_export.export_run`, from
 `worker.train`): that process holds the config and has imported torchtitan already.
 """
 
@@ -39,8 +39,8 @@ from qwen3_neuron.assets.atomic_dir import building
 from qwen3_neuron.errors import ExportError, UnsupportedModel
 from qwen3_neuron.hf_io.generation import GENERATION_CONFIG_FILE, stop_at_end_of_turn
 from qwen3_neuron.hf_io.verify import check_model_dir
+from qwen3_neuron.models.hf import HF_BACKEND_NAME
 from qwen3_neuron.models.hf.model_dir import CONFIG_FILE, INDEX_FILE, native_architecture
-from qwen3_neuron.models.hf.spec import HF_BACKEND_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -51,17 +51,6 @@ TOKENIZER_FILES = re.compile(
     r"vocab\.(json|txt)|merges\.txt|.*\.tiktoken|.*\.model)$"
 )
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-def export_run(trainer_config, run_dir: Path, finetune, export_dir: str | None = None) -> dict[str, str | None]:
-    """Export a run whose last save is in HF; return the summary's fields: `export_dir`, and for
-    finetune=lora `adapter_dir` (`finetune`: the framework's FinetuneSettings)."""
-    if finetune.method == "lora":
-        from qwen3_neuron.hf_io.adapter_export import export_lora  # imports this module
-
-        return export_lora(trainer_config, run_dir, finetune, export_dir)
-    exported = export_after_training(trainer_config, run_dir, export_dir)
-    return {"export_dir": str(exported) if exported else None}
 
 
 def export_after_training(trainer_config, run_dir: Path, export_dir: str | None = None) -> Path | None:

@@ -7,9 +7,9 @@ run (an HF export is global rank 0's, after training). A plan that fails stops t
 removes what they wrote (a resumed run's earlier logs stay), so a config error leaves what it
 always did. Dry runs and `run.show_data` plan here and start nothing.
 
-A single run and each job of a sweep go through `run_job`. It never exits the process: Hydra's
-job-end callbacks and log flushing run after it, and `exit_code()` decides the launch's exit
-code once, for single runs and sweeps alike.
+A single run and each job of a sweep go through `run_job`, which returns the job's `JobOutcome`.
+It never exits the process: Hydra's job-end callbacks and log flushing run after it, and
+launch.py exits with `launch_exit_code` of the outcomes, for single runs and sweeps alike.
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from qwen3_neuron.config.hydra_setup import register_resolvers
-from qwen3_neuron.config.record import record_plan
-from qwen3_neuron.config.resume import resume_step, resumed_config
 from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
+from qwen3_neuron.config.trainer_keys import check_trainer_keys
 from qwen3_neuron.errors import ConfigError, RunDirInUse
 from qwen3_neuron.launch import slurm
 from qwen3_neuron.launch.console import quiet_console
+from qwen3_neuron.launch.hydra_setup import register_resolvers
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
+from qwen3_neuron.launch.resume import resume_step, resumed_config
 from qwen3_neuron.launch.run_lock import RunDirLock
 from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir
-from qwen3_neuron.report.hydra_callbacks import sweep_exit_code
+from qwen3_neuron.planning.record import record_plan
 from qwen3_neuron.report.loss_check import check_first_loss
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value, sweep_stop_reason, write_summary
@@ -59,37 +59,54 @@ from qwen3_neuron.run_dir import (
 )
 
 if TYPE_CHECKING:
-    from qwen3_neuron.config.plan import Plan
+    from qwen3_neuron.planning.plan import Plan
 
 CONFIG_ERROR_EXIT = 2
 
-_single_run_exit: int | None = None  # set by a single run; a sweep's comes from its jobs' summaries
+
+@dataclasses.dataclass(frozen=True)
+class JobOutcome:
+    """How one job ended: its exit code (0 completed or dry run, 1 failed, interrupted or
+    skipped, 2 config error), its objective for a sweeper (None when it failed: the sweep goes
+    on unless run.stop_on_failure) and its summary (None when it wrote none)."""
+
+    exit_code: int
+    single_run: bool
+    objective: float | None = None
+    summary: dict | None = None
 
 
-def run_job(cfg: DictConfig) -> float | None:
-    """A single run records its exit code; a sweep job returns its objective to the sweeper
-    (None when it failed: recorded, and the sweep goes on unless run.stop_on_failure)."""
+def launch_exit_code(outcomes: list[JobOutcome]) -> int:
+    """A single run's own exit code; a sweep's: 1 if any of its jobs did not complete."""
+    if len(outcomes) == 1 and outcomes[0].single_run:
+        return outcomes[0].exit_code
+    return 1 if any(outcome.exit_code for outcome in outcomes) else 0
+
+
+def run_job(cfg: DictConfig) -> JobOutcome:
+    """One run, or one job of a sweep, from the config Hydra composed."""
     register_resolvers()  # a SLURM job resolves the config in a process of its own
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does: a user's kernel module beside them imports
     hydra_config = HydraConfig.get()
-    job = _Job(
+    hydra_job = _HydraJob(
         run_dir=Path(hydra_config.runtime.output_dir).resolve(),
         single_run=hydra_config.mode == RunMode.RUN,
         label="" if hydra_config.mode == RunMode.RUN else f"#{hydra_config.job.num}",
         sweep_dir=None if hydra_config.mode == RunMode.RUN else Path(hydra_config.sweep.dir).resolve(),
     )
-    stopped_by = job.sweep_dir and sweep_stop_reason(job.sweep_dir)
+    stopped_by = hydra_job.sweep_dir and sweep_stop_reason(hydra_job.sweep_dir)
     if stopped_by:
-        write_summary(job.run_dir, summarize(job.run_dir, "skipped", 0.0, error=f"not run: {stopped_by}"))
-        return None
+        summary = summarize(hydra_job.run_dir, "skipped", 0.0, error=f"not run: {stopped_by}")
+        write_summary(hydra_job.run_dir, summary)
+        return JobOutcome(1, single_run=False, summary=summary)
     try:  # before anything in the run dir is read or written: a live launch there owns it
-        lock = RunDirLock.take(job.run_dir, _node_rank(cfg))
+        lock = RunDirLock.take(hydra_job.run_dir, _node_rank(cfg))
     except RunDirInUse as e:
         print(f"Run dir in use: {e}", file=sys.stderr)
-        return job.finish(CONFIG_ERROR_EXIT)  # its owner's dir: nothing written, nothing removed
+        return JobOutcome(CONFIG_ERROR_EXIT, hydra_job.single_run)  # its owner's dir: nothing written, nothing removed
     try:
-        return _run_job_in(cfg, job, hydra_config)
+        return _run_job_in(cfg, hydra_job, hydra_config)
     finally:
         lock.release()
 
@@ -102,49 +119,50 @@ def _node_rank(cfg: DictConfig) -> int:
         return 0  # a bad value: the job's settings name it, holding node 0's lock meanwhile
 
 
-def _run_job_in(cfg: DictConfig, job: _Job, hydra_config) -> float | None:
+def _run_job_in(cfg: DictConfig, hydra_job: _HydraJob, hydra_config) -> JobOutcome:
     """The job, once it owns its run dir."""
     workers = None
     try:
         composed = OmegaConf.to_container(cfg, resolve=True)
         if composed["run"]["resume"]:
-            composed = resumed_config(job.run_dir, composed, list(hydra_config.overrides.task))
-            step, steps = resume_step(job.run_dir, composed), composed["training"]["steps"]
+            composed = resumed_config(hydra_job.run_dir, composed, list(hydra_config.overrides.task))
+            step, steps = resume_step(hydra_job.run_dir, composed), composed["training"]["steps"]
             if step >= steps:  # the run dir, its summary included, stays as it is
                 print(f"[qwen3-neuron] run.resume: nothing left to train: its checkpoint step-{step} is at "
                       f"training.steps={steps} (training.steps=N trains on to step N)")  # fmt: skip
-                return job.finish(0)
+                return JobOutcome(0, hydra_job.single_run)
         composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
         settings = parse_settings(composed)  # the framework's own sections: typos need no torchtitan
+        check_trainer_keys(composed, settings)  # nor do those in torchtitan's sections
         model_dir = find_model_dir(settings.model.hf_model) if settings.model.kind == "hf" else None
         if settings.run.dry_run or settings.run.show_data:  # nothing trains: planned here, nothing started
-            return _plan_only(settings, job, composed, model_dir)
-        workers = _start_workers(settings, job.run_dir, composed, model_dir)
+            return _plan_only(settings, hydra_job, composed, model_dir)
+        workers = _start_workers(settings, hydra_job.run_dir, composed, model_dir)
         planned = workers.wait_for_plan()  # local rank 0's plan
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on
         if workers is not None:
             workers.discard()
         if not isinstance(e, (ConfigError, OmegaConfBaseException)):
             raise
-        return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
-    return job.train(settings, planned, workers)
+        return hydra_job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
+    return hydra_job.train(settings, planned, workers)
 
 
-def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModelDir | None) -> float | None:
+def _plan_only(settings: Settings, hydra_job: _HydraJob, composed: dict, model_dir: HFModelDir | None) -> JobOutcome:
     """A dry run or `run.show_data`: the plan, made and recorded here (importing torchtitan)."""
-    from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
+    from qwen3_neuron.planning.plan import make_plan  # imports torchtitan (seconds)
 
     quiet_console(settings.run.verbose)
-    plan = make_plan(composed, job.run_dir, None, model_dir)
-    record_plan(plan, job.run_dir, [])  # its warnings: printed as it made them
+    plan = make_plan(composed, hydra_job.run_dir, None, model_dir)
+    record_plan(plan, hydra_job.run_dir, [])  # its warnings: printed as it made them
     if settings.run.dry_run:
-        _print_plan(plan, job.run_dir, settings.run.verbose)
+        _print_plan(plan, hydra_job.run_dir, settings.run.verbose)
         if plan.refusal:  # the record stays: the plan is what the user asked to see
             print(f"Config error: {plan.refusal}\n(a dry run: the plan above; a launch would stop here)", file=sys.stderr)
-            return job.finish(CONFIG_ERROR_EXIT)
+            return JobOutcome(CONFIG_ERROR_EXIT, hydra_job.single_run)
     else:
         _show_data(plan, settings.run.show_data)
-    return job.finish(0)
+    return JobOutcome(0, hydra_job.single_run)
 
 
 class _Workers:
@@ -219,36 +237,26 @@ def _start_workers(settings: Settings, run_dir: Path, composed: dict, model_dir:
     return _Workers(launch, run_dir, settings.run.verbose, request)
 
 
-def exit_code() -> int:
-    """The launch's exit code: a single run's (0 completed or dry run, 1 failed or interrupted,
-    2 config error); after a sweep, 1 if any of its jobs failed."""
-    swept = sweep_exit_code()
-    return swept if swept is not None else (_single_run_exit or 0)
+class _HydraJob:
+    """This job as Hydra runs it: its run dir, and its place in a sweep (if it is in one)."""
 
-
-class _Job:
     def __init__(self, run_dir: Path, single_run: bool, label: str, sweep_dir: Path | None):
         self.run_dir, self.single_run, self.label, self.sweep_dir = run_dir, single_run, label, sweep_dir
 
-    def finish(self, code: int, value: float | None = None) -> float | None:
-        global _single_run_exit
-        if self.single_run:
-            _single_run_exit = code
-        return value
-
-    def config_error(self, error: Exception, stop_on_failure: bool) -> float | None:
+    def config_error(self, error: Exception, stop_on_failure: bool) -> JobOutcome:
         print(f"Config error: {error}", file=sys.stderr)
         if self.single_run:
             _discard_hydra_only_dir(self.run_dir)
-            return self.finish(CONFIG_ERROR_EXIT)
+            return JobOutcome(CONFIG_ERROR_EXIT, single_run=True)
         # a sweep job: its dir stays, with a summary the sweep table reads
         summary = summarize(self.run_dir, "failed", 0.0, error=f"config error: {error}", exit_code=CONFIG_ERROR_EXIT)
         write_summary(self.run_dir, summary)
-        return sweep_job_value(
+        value = sweep_job_value(
             summary, "final_loss", stop_on_failure=stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
         )
+        return JobOutcome(CONFIG_ERROR_EXIT, single_run=False, objective=value, summary=summary)
 
-    def train(self, settings: Settings, planned: PlannedRun, workers: _Workers) -> float | None:
+    def train(self, settings: Settings, planned: PlannedRun, workers: _Workers) -> JobOutcome:
         """`workers`: waiting for go once their plan is made."""
         run, launch = settings.run, workers.launch
         if planned.checkpoint.get("checkpoint_loaded"):
@@ -264,7 +272,7 @@ class _Job:
         result = workers.go(progress)
         if run.node_rank > 0:  # multi-node: node 0 exports, checks and writes the job's summary
             print(f"[qwen3-neuron] node {run.node_rank}: torchrun exited {result.returncode}; node 0 reports the job")
-            return self.finish(result.returncode)
+            return JobOutcome(result.returncode, self.single_run)
         status = "interrupted" if result.interrupted_by else ("completed" if result.returncode == 0 else "failed")
         exit_code, extra = result.returncode, {}
         if result.interrupted_by:
@@ -300,12 +308,12 @@ class _Job:
             value = sweep_job_value(
                 summary, run.objective, stop_on_failure=run.stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
             )
-        return self.finish(code, value)
+        return JobOutcome(code, self.single_run, value, summary)
 
 
 def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
     """The plan, one line per fact; the memory verdict last (what a launch would be refused for)."""
-    from qwen3_neuron.config.layout import resolve_degrees  # torchtitan: imported by the plan already
+    from qwen3_neuron.planning.layout import resolve_degrees  # torchtitan: imported by the plan already
 
     config = plan.trainer_config
     if verbose:
@@ -346,8 +354,8 @@ def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
 
 def _show_data(plan: Plan, count: int) -> None:
     """run.show_data=N: rank 0's first N packed samples, in this process; nothing trains."""
-    from qwen3_neuron.config.layout import resolve_degrees  # torchtitan: imported when needed only
     from qwen3_neuron.data.preview import show_samples
+    from qwen3_neuron.planning.layout import resolve_degrees  # torchtitan: imported when needed only
 
     config = plan.trainer_config
     degrees = resolve_degrees(config.parallelism, plan.world_size)

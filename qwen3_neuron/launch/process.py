@@ -1,4 +1,4 @@
-"""Stage 4, launch: run the planned torchrun command as a subprocess.
+"""Stage 3, start: run the torchrun command as a subprocess.
 
 torchrun gets its own process group so that Ctrl-C / SIGTERM reach it through the launcher once.
 The launcher forwards either as SIGTERM, which torchrun passes on to its workers: a worker

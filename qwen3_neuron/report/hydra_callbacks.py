@@ -4,8 +4,7 @@ SweepReport clears a stale stop note (see qwen3_neuron.report.summary.sweep_job_
 starts, and writes the sweep summary (qwen3_neuron.report.sweep_table) into the sweep dir after every
 job, so that it is current even when the sweep stops early (run.stop_on_failure, Ctrl-C, an
 Optuna study whose trials all failed), and once more at the end of the multirun, when it also
-prints the table and remembers whether any job failed (`sweep_exit_code()`, read by
-`launch.job.exit_code`).
+prints the table. The launch's exit code comes from the jobs' outcomes (`launch.job.launch_exit_code`).
 """
 
 from __future__ import annotations
@@ -23,9 +22,6 @@ from qwen3_neuron.run_dir import STOP_FILE
 
 log = logging.getLogger(__name__)
 
-_failed_jobs: int | None = None  # of the last multirun in this process; None: no multirun ended
-
-
 class SweepReport(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # a sweep dir reused (a fixed hydra.sweep.dir): an old stop note must not skip new jobs
@@ -36,23 +32,15 @@ class SweepReport(Callback):
             _write(Path(config.hydra.sweep.dir), quiet=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        global _failed_jobs
-        report = _write(Path(config.hydra.sweep.dir), quiet=False)
-        _failed_jobs = len(report.failed) if report else None
+        _write(Path(config.hydra.sweep.dir), quiet=False)
 
 
-def sweep_exit_code() -> int | None:
-    """1 if a job of the multirun that just ended failed, else 0; None when no multirun ended."""
-    return None if _failed_jobs is None else (1 if _failed_jobs else 0)
-
-
-def _write(sweep_dir: Path, quiet: bool):
+def _write(sweep_dir: Path, quiet: bool) -> None:
     try:
-        report = write_report(sweep_dir)
+        write_report(sweep_dir)
     except Exception:  # a report problem must not turn finished training into a failed launch
         log.exception(f"could not write the sweep summary of {sweep_dir}")
-        return None
+        return
     if not quiet:
         print((sweep_dir / MARKDOWN_FILE).read_text(), end="", flush=True)
         print(f"[qwen3-neuron] sweep summary: {', '.join(str(sweep_dir / f) for f in (CSV_FILE, MARKDOWN_FILE, PLOT_FILE))}")
-    return report

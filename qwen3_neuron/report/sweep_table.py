@@ -1,4 +1,4 @@
-"""Stage 6 for a multirun: one table and one plot over every job of a sweep.
+"""Stage 8 for a multirun: one table and one plot over every job of a sweep.
 
     python -m qwen3_neuron.report.sweep_table multirun/2026-12-02/14-03-07-123456
 
@@ -59,7 +59,7 @@ class Job:
 
 
 @dataclass
-class SweepReport:
+class SweepTable:
     sweep_dir: Path
     jobs: list[Job]
     varying: list[str]
@@ -70,11 +70,11 @@ class SweepReport:
         return [job for job in self.jobs if job.failed]
 
 
-def write_report(sweep_dir: Path | str) -> SweepReport:
+def write_report(sweep_dir: Path | str) -> SweepTable:
     """Read every job of the sweep, write summary.csv, summary.md and loss.png."""
     sweep_dir = Path(sweep_dir)
     jobs = collect_jobs(sweep_dir)
-    report = SweepReport(sweep_dir, jobs, varying_keys(jobs))
+    report = SweepTable(sweep_dir, jobs, varying_keys(jobs))
     _write_atomically(sweep_dir / CSV_FILE, render_csv(report))
     _write_atomically(sweep_dir / MARKDOWN_FILE, render_markdown(report))
     plot_losses(report, sweep_dir / PLOT_FILE)
@@ -127,11 +127,11 @@ def _read_losses(run_dir: Path) -> list[tuple[int, float]]:
 # ---- the table -------------------------------------------------------------------------------
 
 
-def header(report: SweepReport) -> list[str]:
+def header(report: SweepTable) -> list[str]:
     return ["job", *report.varying, *COLUMNS, "run_dir"]
 
 
-def render_csv(report: SweepReport) -> str:
+def render_csv(report: SweepTable) -> str:
     """Values exactly as in each summary.json (floats in full), empty for null."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -146,7 +146,7 @@ def render_csv(report: SweepReport) -> str:
     return out.getvalue()
 
 
-def render_markdown(report: SweepReport) -> str:
+def render_markdown(report: SweepTable) -> str:
     columns = header(report)[:-1]  # the run dir is the job number here
     lines = [
         f"# Sweep {report.sweep_dir}",
@@ -212,7 +212,7 @@ def _relative(path: Path, base: Path) -> str:
 # ---- the plot --------------------------------------------------------------------------------
 
 
-def plot_losses(report: SweepReport, path: Path) -> None:
+def plot_losses(report: SweepTable, path: Path) -> None:
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
 
     figure = Figure(figsize=(9, 5.5), layout="constrained")

@@ -3,6 +3,6 @@
 `train` mirrors `torchtitan.train.main`, after `plan` (local rank 0 of workers started before the
 plan: makes and records it for the launcher); `metrics` writes metrics.jsonl through torchtitan's
 override registry; `torchtitan_cli` runs torchtitan's own CLI with the device fixes (bare
-torchtitan, for benchmarks). Imports config/ (the plan and the build), models/, devices/,
-kernels/, run_dir; never launch/, report/ or Hydra.
+torchtitan, for benchmarks). Imports config/, planning/ (local rank 0), trainer_config/,
+models/, devices/, kernels/, run_dir; never launch/, report/ or Hydra.
 """

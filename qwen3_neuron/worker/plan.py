@@ -1,7 +1,8 @@
 """Local rank 0 of workers the launcher started before planning: make the plan, record it, and
-hand the launcher what it reports with (`run_dir.Handoff`).
+hand the launcher what it reports with (`run_dir.Handoff`); this rank then trains with the plan's
+job and `Trainer.Config` (built and checked once).
 
-The plan is the launcher's (`config.plan.make_plan`, the same call a dry run makes in the
+The plan is the launcher's (`planning.plan.make_plan`, the same call a dry run makes in the
 launcher); it runs here because this process has imported torchtitan anyway, and a third import
 in the launcher would hold back every worker on a small host.
 """
@@ -11,18 +12,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
+if TYPE_CHECKING:
+    from qwen3_neuron.planning.plan import Plan
 
-def plan_for_the_launcher(run_dir: Path, handoff: Handoff) -> None:
+
+def plan_for_the_launcher(run_dir: Path, handoff: Handoff) -> Plan:
     """Record the plan and say it is ready; a config error is handed over and ends this rank."""
-    from qwen3_neuron.config.plan import make_plan
-    from qwen3_neuron.config.record import record_plan
     from qwen3_neuron.config.torchrun import WorkerLaunch
     from qwen3_neuron.errors import ConfigError
     from qwen3_neuron.models.hf.model_dir import HFModelDir
+    from qwen3_neuron.planning.plan import make_plan
+    from qwen3_neuron.planning.record import record_plan
 
     print(PLANNING_LINE, flush=True)
     request = handoff.read_request(run_dir)
@@ -37,6 +41,7 @@ def plan_for_the_launcher(run_dir: Path, handoff: Handoff) -> None:
         handoff.plan_failed(run_dir, str(e))
         raise SystemExit(PLAN_FAILED_EXIT) from None
     handoff.plan_ready(run_dir, planned)
+    return plan
 
 
 def _checked_checkpoint(plan, warn: Callable[[str], None]) -> dict[str, Any]:

@@ -1,12 +1,13 @@
-"""Stage 5, train: one torchrun worker. `python -m qwen3_neuron.worker.train <run_dir>`.
+"""Stage 6, train: one torchrun worker. `python -m qwen3_neuron.worker.train <run_dir>`.
 
 Rebuilds the Trainer.Config from the plan's record in the run dir (no Hydra here, and no checks:
-the plan made them; workers started before the plan have local rank 0 make it first:
-`worker.plan`), applies the device's compatibility fixes, and runs torchtitan's trainer the way
-`torchtitan.train.main` does: structured logging as `debug.enable_structured_logging` says,
-`comm.mode=local_tensor` skips training, and `checkpoint.create_seed_checkpoint` saves step 0
-instead of training. A run whose last save is in HF is exported by global rank 0 once every rank
-has written its part (`hf_io.export`), into `export.json` for the launcher's summary.
+the plan made them; workers started before the plan have local rank 0 make it first,
+`worker.plan`, and that rank trains with the config it checked), applies the device's
+compatibility fixes, and runs torchtitan's trainer the way `torchtitan.train.main` does:
+structured logging as `debug.enable_structured_logging` says, `comm.mode=local_tensor` skips
+training, and `checkpoint.create_seed_checkpoint` saves step 0 instead of training. A run whose
+last save is in HF is exported by global rank 0 once every rank has written its part
+(`hf_io.export`), into `export.json` for the launcher's summary.
 """
 
 from __future__ import annotations
@@ -39,23 +40,27 @@ def main(run_dir: Path) -> None:
     from torchtitan.observability import structured_logger as sl
     from torchtitan.tools.logging import init_logger, logger
 
-    from qwen3_neuron.config.build import build_trainer_config
-    from qwen3_neuron.config.settings import parse_settings
+    from qwen3_neuron.config.job import Job
     from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
     from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
     from qwen3_neuron.finetune.step_seed import seed_each_step
     from qwen3_neuron.hf_io.export import exports_hf
+    from qwen3_neuron.trainer_config.build import build_trainer_config
     from qwen3_neuron.worker.plan import plan_for_the_launcher
     from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
 
+    plan = None
     if handoff:  # started before the plan: local rank 0 makes it; every rank builds once the launcher says go
         if os.environ.get("LOCAL_RANK") == "0":
-            plan_for_the_launcher(run_dir, handoff)
+            plan = plan_for_the_launcher(run_dir, handoff)
         handoff.wait_for_go(run_dir)
-    job = read_job(run_dir)
     init_logger()
-    config = build_trainer_config(job, run_dir, device)
-    settings = parse_settings(job)
+    if plan is not None:  # local rank 0 of this launch: the job and config it planned and checked
+        job, config = plan.job, plan.trainer_config
+    else:
+        job = Job.read(run_dir)
+        config = build_trainer_config(job, run_dir)
+    settings = job.settings
     lora = settings.finetune.method == "lora"
     if lora:
         keep_requires_grad_through_distribution()  # torchtitan's spmd_types path unfreezes the base
@@ -105,7 +110,7 @@ def _export(config, settings, run_dir: Path) -> None:
     """The HF export (LoRA: adapter and merged model), recorded for the launcher's summary: the
     export's fields, or its error (the run then fails, its checkpoints kept)."""
     from qwen3_neuron.errors import ExportError
-    from qwen3_neuron.hf_io.export import export_run
+    from qwen3_neuron.hf_io.run_export import export_run
 
     try:
         record = export_run(config, run_dir, settings.finetune, settings.hf.export_dir)

@@ -25,11 +25,10 @@ Fixes to the backend as installed live in `runtime` (model init, pinned fields) 
 from __future__ import annotations
 
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.models.hf import HF_BACKEND_NAME
 from qwen3_neuron.models.hf.model_dir import CONFIG_FILE, HFModelDir
 from qwen3_neuron.models.hf.runtime import pinned_config_class
 from qwen3_neuron.models.hf.state_dict import adapter_class
-
-HF_BACKEND_NAME = "transformers_modeling_backend"
 
 # model.flavor for model=hf selects only the attention mask; the architecture is config.json's.
 # (torchtitan's other HF flavours, debugmodel / full_moe, overwrite the architecture.)

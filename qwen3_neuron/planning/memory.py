@@ -97,14 +97,15 @@ class MemoryEstimate:
         return asdict(self)
 
 
-def estimate_memory(config, world_size: int, device: str, ranks_per_node: int) -> MemoryEstimate:
+def estimate_memory(config, world_size: int, device: str, ranks_per_node: int, model_on_meta) -> MemoryEstimate:
+    """Tensor memory per rank of `config`'s training; `model_on_meta`: `meta_model(config)`."""
     from torchtitan.distributed.parallel_dims import ParallelDims
 
     # torchtitan's own degrees (data_parallel_shard_degree=-1 resolved); the plan checked them
     degrees = ParallelDims.from_config(config.parallelism, world_size)
     shape = _shape(config)
     param_bytes = DTYPE_BYTES[config.training.dtype]
-    counts = _local_parameter_counts(config, degrees)
+    counts = _local_parameter_counts(model_on_meta, degrees)
     parameters = counts.elements * param_bytes
     gradients = counts.trainable_elements * param_bytes  # a frozen (finetune=lora) base has none
     optimizer, notes = _optimizer_bytes(config, counts)
@@ -248,10 +249,10 @@ def meta_model(config):
         return model_config.build()
 
 
-def _local_parameter_counts(config, degrees) -> _LocalCounts:
+def _local_parameter_counts(model_on_meta, degrees) -> _LocalCounts:
     counts = _LocalCounts()
     fsdp = degrees.dp_shard * degrees.cp
-    for name, parameter in meta_model(config).named_parameters():
+    for name, parameter in model_on_meta.named_parameters():
         shape = list(parameter.shape)
         if ROUTED_EXPERTS.search(name):
             # EP splits the experts, FSDP/TP the rest of the ranks: all of dp_shard x cp x tp

@@ -1,8 +1,9 @@
-"""Stage 3, record: what a run dir holds besides Hydra's `.hydra/`, written by whichever process
+"""Stage 5, record: what a run dir holds besides Hydra's `.hydra/`, written by whichever process
 made the plan (the launcher, or local rank 0 of workers started before it: `run_dir.Handoff`).
 
-- `job.yaml`: the composed config, resolved, with the device and the model=hf dir settled
-  (`Plan.job`): workers rebuild from it.
+- `job.yaml`: the job (`config.job.Job`), settled: its composed config, resolved, with the
+  device and the model=hf dir as the plan found them; the workers other than local rank 0
+  (which keeps the plan's) build from it.
 - `trainer_config.json`: the final torchtitan config, for people (torchtitan's `to_dict`).
 - `command.sh`: the exact torchrun command with its environment.
 - `versions.json`: package versions and the project's git SHA.
@@ -22,7 +23,13 @@ from omegaconf import OmegaConf
 
 from qwen3_neuron.hf_io.export import exports_hf
 from qwen3_neuron.run_dir import (
-    EXPORT_FILE, FAILURE_FILE, JOB_FILE, MEMORY_ESTIMATE_FILE, TRAINER_CONFIG_FILE, PlannedRun, write_json,
+    EXPORT_FILE,
+    FAILURE_FILE,
+    JOB_FILE,
+    MEMORY_ESTIMATE_FILE,
+    TRAINER_CONFIG_FILE,
+    PlannedRun,
+    write_json,
 )  # fmt: skip
 
 PACKAGES = ("torch", "torchtitan", "transformers", "hydra-core", "omegaconf", "safetensors", "tokenizers")
@@ -60,11 +67,12 @@ def training_dtype(trainer_config) -> str:
     return "bfloat16" if training.dtype == "bfloat16" else training.mixed_precision_param
 
 
-def write_record(run_dir: Path, job: dict[str, Any], plan) -> None:
+def write_record(run_dir: Path, job, plan) -> None:
+    """`job`: the plan's settled `Job`."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for earlier in (FAILURE_FILE, EXPORT_FILE):  # a resumed run starts with a clean slate
         (run_dir / earlier).unlink(missing_ok=True)
-    OmegaConf.save(OmegaConf.create(job), run_dir / JOB_FILE)
+    OmegaConf.save(OmegaConf.create(job.composed), run_dir / JOB_FILE)
     (run_dir / TRAINER_CONFIG_FILE).write_text(
         json.dumps(plan.trainer_config.to_dict(), indent=2, default=repr) + "\n"
     )

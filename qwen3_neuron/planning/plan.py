@@ -1,14 +1,15 @@
-"""Stage 2, plan: composed config -> validated torchtitan `Trainer.Config` + torchrun command.
+"""Stage 4, plan: the job -> validated torchtitan `Trainer.Config` + torchrun command.
 
 No process is started and no device is touched here, so every config error surfaces before
 anything is built. It runs in local rank 0 of workers the launcher started before planning
 (`worker.plan`: that process imports torchtitan anyway), or in the launcher for a dry run and
-`run.show_data`. The plan builds the config (`config.build`, as the workers will from what it records)
-and checks it once: on a copy, it does what torchtitan's `Trainer.__init__` does to the config
-before building anything (`ParallelDims`, the model's `update_from_config`, `apply_overrides`,
-`_validate_cuda_graphs`) and turns their errors into `ConfigError`s with what would fit; then
-the checks torchtitan lacks (`layout`, HF dirs, assets, torch capabilities, what the worker's
-`train.main` would assert, the static shapes Neuron's compile needs: `static_shapes`).
+`run.show_data`. The plan builds the config (`trainer_config.build`: local rank 0 then trains
+with it, the other workers build it from what the plan records) and checks it once: on a
+copy, it does what torchtitan's `Trainer.__init__` does to the config before building anything
+(`ParallelDims`, the model's `update_from_config`, `apply_overrides`, `_validate_cuda_graphs`)
+and turns their errors into `ConfigError`s with what would fit; then the checks torchtitan
+lacks (`layout`, HF dirs, assets, torch capabilities, what the worker's `train.main` would
+assert, the static shapes Neuron's compile needs: `static_shapes`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,8 @@ from typing import Any, Callable, Mapping
 from torchtitan.config.override import apply_overrides
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config import layout
-from qwen3_neuron.config.build import build_trainer_config
-from qwen3_neuron.config.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
-from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
-from qwen3_neuron.config.static_shapes import check_static_shapes
+from qwen3_neuron.config.job import Job
+from qwen3_neuron.config.settings import Settings, check_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.data.checks import check_data
 from qwen3_neuron.devices import policy as devices
@@ -40,24 +38,31 @@ from qwen3_neuron.models.hf.model_dir import (
     native_architecture,
     open_model_dir,
 )
+from qwen3_neuron.planning import layout
+from qwen3_neuron.planning.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
+from qwen3_neuron.planning.static_shapes import check_static_shapes
 from qwen3_neuron.run_dir import group_replacements
+from qwen3_neuron.trainer_config.build import build_trainer_config
 
 # Counts torchtitan takes as given; zero or negative would fail late or loop forever.
 MUST_BE_POSITIVE = ("training.steps", "training.local_batch_size", "training.seq_len", "metrics.log_freq")
 
 @dataclass
 class Plan:
-    settings: Settings
+    job: Job  # settled: the device and model dir as the workers take them (job.yaml)
     launch: WorkerLaunch  # the device, ranks per node, torchrun command and workers' environment
-    trainer_config: Trainer.Config
+    trainer_config: Trainer.Config  # local rank 0 trains with it
     replacements: list[str]  # torchtitan's "[Override] target: fqn Old -> New" lines
-    job: dict[str, Any]  # what the workers rebuild from (job.yaml): the device and model dir settled
     notes: list[str] = field(default_factory=list)  # what the plan settled or could not check
     memory: MemoryEstimate | None = None  # tensor memory per rank against the device's
     parameters: dict[str, int] = field(default_factory=dict)  # trainable_parameters, total_parameters
     compile_cache: str | None = None  # device=neuron: the NEFF cache dir and where that choice came from
     static_shapes: str | None = None  # device=neuron + compile: what the static-shape check covered
     refusal: str | None = None  # a dry run's plan that a launch would refuse: why (it does not fit)
+
+    @property
+    def settings(self) -> Settings:
+        return self.job.settings
 
     @property
     def device(self) -> str:
@@ -98,7 +103,8 @@ def make_plan(
     the torchrun command already started for this run (`worker_launch` of the same settings);
     `model_dir`: model=hf's dir, found before it (`find_model_dir`); `warn`: where the plan's
     warnings and notes go (standard error; local rank 0 hands them to the launcher)."""
-    settings = parse_settings(composed)
+    job = Job.parse(composed)  # this process's one parse
+    settings = job.settings
     launch = launch or worker_launch(settings, run_dir)
     device, nproc = launch.device, launch.nproc_per_node
     check_settings(settings, device)
@@ -107,7 +113,8 @@ def make_plan(
     notes = [f"device={device} is not here ({missing}) - dry run: planned for it, not checked"] if missing else []
     model = settings.model
     model_dir = open_model_dir(model.hf_model, model.trust_remote_code, model_dir) if model.kind == "hf" else None
-    config = build_trainer_config(composed, run_dir, device, model_dir)
+    job = job.settled(device, launch.env.get(devices.NEFF_CACHE_ENV), model_dir)  # job.yaml
+    config = build_trainer_config(job, run_dir)
     world_size = nproc * settings.run.nnodes
     _check_positive(config)
     _check_worker_modes(config, world_size)
@@ -123,10 +130,11 @@ def make_plan(
     _check_export(config, settings)
     _check_local_paths(config)
     check_data(config, world_size)  # first rows only: fields, conversations, chat template, validation set
+    model_on_meta = meta_model(config)  # built once for the LoRA note, the counts and the estimate
     if settings.finetune.method == "lora":
-        notes.extend(_check_lora(config, settings, world_size, warn))
-    parameters = parameter_counts(config)
-    memory = estimate_memory(config, world_size, device, nproc)
+        notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
+    parameters = parameter_counts(model_on_meta)
+    memory = estimate_memory(config, world_size, device, nproc, model_on_meta)
     refusal = None
     try:
         check_fit(memory, config, settings.run.memory_check, warn=warn)
@@ -135,9 +143,8 @@ def make_plan(
             raise
         refusal = str(e)  # a dry run shows the plan for another machine first, then this verdict
     compile_cache = _compile_cache(settings, launch, notes)
-    job = _job(composed, device, model_dir, launch.env.get(devices.NEFF_CACHE_ENV))
     return Plan(
-        settings, launch, config, replacements, job, notes, memory, parameters, compile_cache, static_shapes, refusal,
+        job, launch, config, replacements, notes, memory, parameters, compile_cache, static_shapes, refusal,
     )  # fmt: skip
 
 
@@ -157,10 +164,10 @@ def _compile_cache(settings: Settings, launch: WorkerLaunch, notes: list[str]) -
     )
 
 
-def parameter_counts(config: Trainer.Config) -> dict[str, int]:
-    """Parameters of the model as built (meta device): those the optimizer gets, and all.
+def parameter_counts(model_on_meta) -> dict[str, int]:
+    """Parameters of the model as built (`meta_model`): those the optimizer gets, and all.
     finetune=lora: the adapters, and the frozen base plus the adapters."""
-    parameters = list(meta_model(config).parameters())  # a tied weight counted once
+    parameters = list(model_on_meta.parameters())  # a tied weight counted once
     return {
         "trainable_parameters": sum(p.numel() for p in parameters if p.requires_grad),
         "total_parameters": sum(p.numel() for p in parameters),
@@ -186,7 +193,9 @@ def _check_export(config: Trainer.Config, settings: Settings) -> None:
         ) from e
 
 
-def _check_lora(config: Trainer.Config, settings: Settings, world_size: int, warn: Callable[[str], None]) -> list[str]:
+def _check_lora(
+    config: Trainer.Config, settings: Settings, world_size: int, warn: Callable[[str], None], model_on_meta
+) -> list[str]:
     """finetune=lora: refuse what the adapters cannot do; the notes say what they do not cover."""
     if layout.resolve_degrees(config.parallelism, world_size).pp > 1:
         raise ConfigError(
@@ -194,7 +203,7 @@ def _check_lora(config: Trainer.Config, settings: Settings, world_size: int, war
             "for the export from every rank's model part. Use parallelism=fsdp (or tp)."
         )
     _check_lora_base(config, settings.model.kind)
-    built = meta_model(config) if settings.model.kind == "hf" else None  # HF's Linear layers: built, not configured
+    built = model_on_meta if settings.model.kind == "hf" else None  # HF's Linear layers: built, not configured
     note = uncovered_note(settings.finetune, config.model_spec.model, built)
     if not note:
         return []
@@ -218,18 +227,6 @@ def _check_lora_base(config: Trainer.Config, kind: str) -> None:
         "checkpoint of a full model cannot be the base (it holds no adapter keys): export it with "
         "checkpointing=export_hf and load that dir."
     )
-
-
-def _job(
-    composed: Mapping[str, Any], device: str, model_dir: HFModelDir | None, cache_dir: str | None
-) -> dict[str, Any]:
-    """The composed config as the workers rebuild from it: the device and its NEFF cache dir
-    resolved (a resumed run compiles into the same cache), and model=hf's dir as the local path
-    found here (a Hub id is never looked up again in a worker)."""
-    job = {**composed, "device": {**(composed.get("device") or {}), "type": device, "cache_dir": cache_dir}}
-    if model_dir is not None:
-        job["model"] = {**composed["model"], "hf_model": str(model_dir.path)}
-    return job
 
 
 def _check_worker_modes(config: Trainer.Config, world_size: int) -> None:

@@ -2,7 +2,9 @@
 
 - `torchtitan_sections`: a node holding every Trainer.Config section, each opened to any key, so
   `training.steps=20` works without a `+` and every key reaches `fields.apply_fields`, which
-  checks it against torchtitan's dataclasses and names the closest valid keys on a typo.
+  checks it against torchtitan's dataclasses and names the closest valid keys on a typo. The
+  framework's `run` and `hf` sections start there from their settings' defaults
+  (`config.settings`, one docstring per key): no YAML restates them.
 - the `${assets:...}` resolver: paths of the project's tiny generated assets.
 - the `${tokenizer_dir:...}` resolver: `hf_assets_path`'s default, the HF dir that
   checkpointing=from_hf loads when it has a tokenizer (its weights were trained with it), else
@@ -20,13 +22,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from qwen3_neuron.assets import build as assets
-from qwen3_neuron.config.settings import SECTIONS
+from qwen3_neuron.config.settings import SECTIONS, HFSettings, RunSettings
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -63,7 +66,8 @@ def register_resolvers() -> None:
 
 def _open_sections():
     names = [*TRAINER_SECTIONS, *SECTIONS]
-    node = OmegaConf.create({name: {} for name in names})
+    defaults = {"run": dataclasses.asdict(RunSettings()), "hf": dataclasses.asdict(HFSettings())}
+    node = OmegaConf.create({name: defaults.get(name, {}) for name in names})
     for name in names:
         OmegaConf.set_struct(node[name], False)
     return node

@@ -1,9 +1,10 @@
-"""Build the torchtitan `Trainer.Config` from a composed (or recorded) config. Both sides use it.
+"""Build the torchtitan `Trainer.Config` of a job (`config.job.Job`). Both sides use it.
 
-The plan (`config.plan`: in local rank 0, or the launcher) builds with it and then checks the
-result; the workers (`worker.train`) build with it from the run dir's `job.yaml` and check
-nothing again. So nothing here looks anything up or reads more than it needs to build: the
-model=hf dir is read once (`HFModelDir`), from the local path the plan resolved and recorded.
+The plan (`planning.plan`: in local rank 0, or the launcher) builds with it and then checks the
+result, and local rank 0 trains with that config; the other workers (`worker.train`) build with
+it from the run dir's `job.yaml` and check nothing again. So nothing here looks anything up or
+reads more than it needs to build: the model=hf dir is read once (`HFModelDir`), from the local
+path the plan resolved and recorded.
 """
 
 from __future__ import annotations
@@ -17,40 +18,28 @@ from typing import Any, Mapping
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config import layout
-from qwen3_neuron.config.data import apply_data
 from qwen3_neuron.config.fields import apply_fields, unknown_key_message
-from qwen3_neuron.config.settings import SECTIONS, Settings, parse_settings
+from qwen3_neuron.config.job import Job
+from qwen3_neuron.config.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, SECTIONS, Settings
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.checkpoint import lora_checkpoint_config
 from qwen3_neuron.finetune.lora import with_lora
 from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
-from qwen3_neuron.models.hf.model_dir import HFModelDir, read_model_dir
+from qwen3_neuron.models.hf.model_dir import HFModelDir
 from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec
-
-# Fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
-FRAMEWORK_OWNED = {"model_spec": "model.flavor", "dump_folder": "hydra.run.dir", "hf_model": "model.hf_model"}
-
-# `optimizer.lr=3e-4` and friends: set on every param group (torchtitan 0.3.0 keeps them in
-# `optimizer.param_groups[i].optimizer_kwargs`).
-OPTIMIZER_SHORTHANDS = ("lr", "weight_decay", "betas", "eps")
+from qwen3_neuron.planning import layout
+from qwen3_neuron.trainer_config.data import apply_data
 
 # Metrics to metrics.jsonl: swapped in through torchtitan's own override registry.
 METRICS_OVERRIDE = "qwen3_neuron.worker.metrics.run_dir_metrics"
 
 
-def build_trainer_config(
-    composed: Mapping[str, Any], run_dir: Path, device: str, model_dir: HFModelDir | None = None
-) -> Trainer.Config:
-    """The final torchtitan config: base config function, flavour swap, YAML sections on top.
-
-    `model_dir`: model=hf's dir as the plan opened it; None reads `model.hf_model`, which the
-    plan recorded as a local path (the workers' case)."""
-    settings = parse_settings(composed)
-    if settings.model.kind == "hf" and model_dir is None:
-        model_dir = read_model_dir(Path(settings.model.hf_model))
-    config = _base_config(settings.model.module, settings.model.config_fn)
+def build_trainer_config(job: Job, run_dir: Path) -> Trainer.Config:
+    """The final torchtitan config of a settled job (`Job.settled`): base config function,
+    flavour swap, YAML sections on top."""
+    settings, model_dir, device, composed = job.settings, job.model_dir, job.device, job.composed
+    config = base_config(settings.model.module, settings.model.config_fn)
     config.model_spec = _model_spec(settings, model_dir)
     apply_data(config, settings.data, run_dir)  # data=text|chat|mix: before the YAML sections refine it
     for section, values in composed.items():
@@ -93,7 +82,7 @@ def kernel_overrides(settings: Settings) -> list:
     return [*((factory, kernel_kwargs) for factory in kernels.factories), *kernels.overrides]
 
 
-def _base_config(module: str, config_fn: str) -> Trainer.Config:
+def base_config(module: str, config_fn: str) -> Trainer.Config:
     registry_name = _registry_name(module)
     try:
         registry = importlib.import_module(registry_name)
