@@ -113,7 +113,8 @@ def test_chat_run_packs_best_fit_and_reports_its_packing_efficiency(chat_run):
     assert summary["packing_efficiency"] > 0.95
     # each rank's buffer was full (64) before its last sample took 1 or 2 conversations of >= 52 tokens
     assert 2 * 62 <= stats["buffered_documents"] <= 2 * 63
-    assert f'"packing_efficiency": {summary["packing_efficiency"]}' in result.stdout
+    buffered = f"{stats['buffered_documents']:,} documents read but not trained on"
+    assert f"data: packing efficiency {summary['packing_efficiency']:.4f}" in result.stdout and buffered in result.stdout
 
 
 def test_chat_run_records_its_data_config_and_writes_only_in_the_run_dir(chat_run, assets):

@@ -340,6 +340,11 @@ def test_the_end_of_a_run_is_a_few_labelled_lines():
         "speed: 2,173 tok/s, mfu 11.37%; memory per rank: peak 0.69 GiB, tensors 0.045 GiB, estimate 0.044 GiB",
         "HF export: /run/hf_export",
     ]
+    packed = {**summary, "packing_efficiency": 0.95817, "data_stats": {"buffered_documents": 1234}}
+    assert summary_lines(packed)[2] == (
+        "data: packing efficiency 0.9582 (the share of tokens that is not padding); "
+        "1,234 documents read but not trained on (still buffered)"
+    )
     resumed = {**summary, "val_loss": None, "checkpoint_loaded": "step-8"}
     assert summary_lines(resumed)[0] == "completed: 10 steps in 12.3 s; loss 7.6600 -> 6.5000; continued from checkpoint step-8"
 

@@ -227,7 +227,7 @@ class DataSettings:
 
     pack_buffer: int = 64
     """packing=best_fit: how many documents wait to be placed; each rank holds that many (in its
-    checkpoints too). 64 packs bench/packing.py's sets as well as 128 does."""
+    checkpoints too). 64 packs bench/packing.py's long-tailed chat set as well as 256 does."""
 
     streaming: bool = False
     """Stream rows instead of reading them map-style (corpora larger than memory)."""

@@ -2,7 +2,7 @@
 
 `sources` (local files, the HF cache; per-rank shards, the validation carve), `chat` (rows as
 data sets ship them -> conversations -> tokens with the assistant turns marked), `packing` (documents -> seq_len
-samples with per-document positions), `dataset` (one source, checkpointable), `loader`
+samples with per-document positions: best fit, greedy, none, or text flowing on), `dataset` (one source, checkpointable), `loader`
 (torchtitan's dataloader component), `checks` (the plan's first-rows checks), `preview`
 (run.show_data). Used by both sides; imports torchtitan and datasets, never launch/, worker/
 or report/.

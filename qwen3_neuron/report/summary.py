@@ -138,6 +138,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
               if summary.get(key) is not None]  # fmt: skip
     if speed or memory:
         lines.append("speed: " + (", ".join(speed) or "-") + "; memory per rank: " + (", ".join(memory) or "-"))
+    if summary.get("packing_efficiency") is not None:
+        buffered = summary["data_stats"]["buffered_documents"]
+        lines.append(f"data: packing efficiency {summary['packing_efficiency']:.4f} (the share of tokens that is not "
+                     f"padding); {buffered:,} documents read but not trained on (still buffered)")  # fmt: skip
     for key, label in (("export_dir", "HF export"), ("adapter_dir", "PEFT adapter"), ("error", "error")):
         if summary.get(key):
             lines.append(f"{label}: {summary[key]}")
