@@ -1,5 +1,5 @@
 """The framework's own config sections: `model`, `kernels`, `device`, `run`, `hf`, `data`,
-`finetune`.
+`finetune`, `eval`.
 
 Everything else in the composed YAML is a torchtitan `Trainer.Config` section under torchtitan's
 own name. These dataclasses are checked by the same code (`fields.apply_fields`), so a typo or a
@@ -13,6 +13,7 @@ from typing import Any, Literal, Mapping
 
 from qwen3_neuron.config.fields import apply_fields
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.eval.settings import EvalSettings
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
 
 
@@ -261,6 +262,7 @@ class Settings:
     hf: HFSettings
     data: DataSettings
     finetune: FinetuneSettings
+    eval: EvalSettings
 
 
 SECTIONS: dict[str, type] = {
@@ -271,6 +273,7 @@ SECTIONS: dict[str, type] = {
     "hf": HFSettings,
     "data": DataSettings,
     "finetune": FinetuneSettings,
+    "eval": EvalSettings,
 }
 
 

@@ -112,6 +112,7 @@ def _run_job_in(cfg: DictConfig, job: _Job, hydra_config) -> float | None:
         if settings.run.dry_run or settings.run.show_data:  # nothing trains: planned here, nothing started
             return _plan_only(settings, job, composed, model_dir)
         workers = _start_workers(settings, job.run_dir, composed, model_dir)
+        evaluation = _evaluation(settings, composed, workers.launch.device)  # while the workers import torchtitan
         planned = workers.wait_for_plan()  # local rank 0's plan
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on
         if workers is not None:
@@ -119,7 +120,19 @@ def _run_job_in(cfg: DictConfig, job: _Job, hydra_config) -> float | None:
         if not isinstance(e, (ConfigError, OmegaConfBaseException)):
             raise
         return job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
-    return job.train(settings, planned, workers)
+    return job.train(settings, planned, workers, evaluation)
+
+
+def _evaluation(settings: Settings, composed: dict, device: str):
+    """eval=lm_eval: lm-eval's task registry with the run's tasks checked (names, cached data)
+    and an export planned; None for eval=none. Seconds (lm-eval indexes its task YAMLs): only
+    runs that evaluate pay them, kept for the evaluation after training."""
+    if settings.eval.kind == "none":
+        return None
+    from qwen3_neuron.eval.run import check_export_planned, prepare
+
+    check_export_planned(composed)
+    return prepare(settings.eval, device)
 
 
 def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModelDir | None) -> float | None:
@@ -127,6 +140,7 @@ def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModel
     from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
 
     plan = make_plan(composed, job.run_dir, None, model_dir)
+    _evaluation(settings, composed, plan.device)
     record_plan(plan, job.run_dir, [])  # its warnings: printed as it made them
     if settings.run.dry_run:
         _print_plan(plan, job.run_dir)
@@ -236,8 +250,9 @@ class _Job:
             summary, "final_loss", stop_on_failure=stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
         )
 
-    def train(self, settings: Settings, planned: PlannedRun, workers: _Workers) -> float | None:
-        """`workers`: waiting for go once their plan is made."""
+    def train(self, settings: Settings, planned: PlannedRun, workers: _Workers, evaluation) -> float | None:
+        """`workers`: waiting for go once their plan is made; `evaluation`: lm-eval's checked
+        task registry (eval=lm_eval), or None."""
         run, launch = settings.run, workers.launch
         # before any worker builds: their metrics compute MFU against it
         write_run_dir_peak(self.run_dir, peak_for_run(launch.device, planned.dtype, launch.env), planned.world_size)
@@ -278,6 +293,13 @@ class _Job:
             summary.update(status="failed", exit_code=exit_code, error=summary["error"] or verdict.message)
         summary.update(verdict.summary_fields(mode))  # first_loss, random_init_loss_reference, first_loss_check
         write_summary(self.run_dir, summary)
+        if evaluation is not None and summary["status"] == "completed":  # the run is on record first
+            from qwen3_neuron.eval.run import evaluate_run, evaluation_device
+
+            device = evaluation_device(settings.eval, launch.device)
+            summary.update(evaluate_run(self.run_dir, settings.eval, summary, device, evaluation, run.verbose))
+            exit_code = exit_code or (1 if summary["eval_error"] else 0)
+            write_summary(self.run_dir, summary)
         print(f"[qwen3-neuron] {_one_line(summary)}\n[qwen3-neuron] run dir: {self.run_dir}")
         code = exit_code or (1 if summary["status"] != "completed" else 0)
         value = None
