@@ -150,16 +150,20 @@ def write_constant_answer_sets(folder: Path, rows: int = 64) -> dict[str, Path]:
     return paths
 
 
+EVAL_CHAT_ANSWER = ("eval=lm_eval", "eval.tasks=[tiny_chat_answer]", "eval.apply_chat_template=true", "eval.batch_size=16")
+
+
 @pytest.fixture(scope="module")
 def chat_sft_run(tmp_path_factory, assets) -> Path:
-    """The tiny native Qwen3 fine-tuned on the three shapes (data=mix of chat sources), exported."""
+    """The tiny native Qwen3 fine-tuned on the three shapes (data=mix of chat sources), exported,
+    then scored by lm-eval on the project's own task (held-out questions, the same answer)."""
     files = write_constant_answer_sets(tmp_path_factory.mktemp("chat-data"))
     sources = (f"[{{files:'{files['tools']}',format:chat,weight:1}},"
                f"{{files:'{files['sharegpt']}',format:chat,messages_field:conversations,weight:2}},"
                f"{{files:'{files['alpaca']}',format:chat,prompt_field:instruction,response_field:output,weight:2}}]")  # fmt: skip
     run = tmp_path_factory.mktemp("chat-sft") / "run"
     return trained(run, "training.seq_len=512", "training.local_batch_size=2", "data=mix", f"data.sources={sources}", "training.steps=30",
-                   "optimizer.lr=3e-3", "checkpointing=export_hf")  # fmt: skip
+                   "optimizer.lr=3e-3", "checkpointing=export_hf", *EVAL_CHAT_ANSWER)  # fmt: skip
 
 
 def new_question(tokenizer, text: str):
@@ -202,3 +206,25 @@ def test_the_chat_command_prints_the_reply_one_shot_and_interactively(chat_sft_r
     assert session.stdout.splitlines()[1:] == [f"you> {ANSWER}", f"you> you> {ANSWER}", "you> "]
     missing = subprocess.run([*command[:-1], str(chat_sft_run / "nothing")], capture_output=True, text=True)
     assert missing.returncode == 2 and "neither an HF model dir" in missing.stderr
+
+
+@pytest.mark.integration
+def test_lm_eval_scores_the_chat_export_above_the_untrained_base(chat_sft_run, assets):
+    from lm_eval.tasks import TaskManager
+
+    from qwen3_neuron.eval.harness import evaluate
+    from qwen3_neuron.eval.settings import EvalSettings
+    from qwen3_neuron.eval.tasks import PROJECT_TASKS
+
+    summary = json.loads((chat_sft_run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["eval_error"] is None
+    trained_score = summary["eval"]["tiny_chat_answer"]["exact_match"]
+    results = json.loads((chat_sft_run / "eval" / "results.json").read_text())  # lm-eval's own file
+    assert results["results"]["tiny_chat_answer"]["exact_match,none"] == trained_score
+    assert results["n-samples"]["tiny_chat_answer"]["effective"] == 16
+
+    settings = EvalSettings(kind="lm_eval", tasks=["tiny_chat_answer"], apply_chat_template=True, batch_size=16)
+    manager = TaskManager(include_path=str(PROJECT_TASKS), include_defaults=False)
+    base = evaluate(assets.tiny_qwen3_dir, settings, chat_sft_run / "base-eval", "cpu", manager)
+    assert base == {"tiny_chat_answer": {"exact_match": 0.0}}  # random weights never say "Answer: 42."
+    assert trained_score >= 0.9
