@@ -13,6 +13,7 @@ from typing import Any, Literal, Mapping
 
 from qwen3_neuron.config.fields import apply_fields
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.eval.objective import check_objective
 from qwen3_neuron.eval.settings import EvalSettings
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
 
@@ -122,10 +123,10 @@ class RunSettings:
     plan that does not fit, naming its biggest parts and what would bring it under; warn lets it
     start with a warning; off does not compare (the estimate is still recorded)."""
 
-    objective: Literal[
-        "final_loss", "first_loss", "val_loss", "tokens_per_second", "mfu", "peak_memory_gib", "wall_seconds"
-    ] = "final_loss"
-    """summary.json field a sweep job returns (Optuna's value; its direction is hydra.sweeper.direction).
+    objective: str = "final_loss"
+    """summary.json field a sweep job returns (Optuna's value; its direction is hydra.sweeper.direction):
+    final_loss, first_loss, val_loss, tokens_per_second, mfu, peak_memory_gib, wall_seconds, or
+    eval.<task>.<metric> with eval=lm_eval (e.g. eval.tiny_chat_answer.exact_match).
     val_loss: the last validation loss (needs a validation set: data.val_files or data.val_fraction)."""
 
     show_data: int = 0
@@ -301,6 +302,7 @@ def check_settings(settings: Settings, device: str) -> None:
         )
     if settings.finetune.method == "lora":
         _check_lora_numbers(settings.finetune)
+    check_objective(settings.run.objective, settings.eval)
 
 
 def _check_lora_numbers(finetune: FinetuneSettings) -> None:

@@ -112,7 +112,8 @@ def _run_job_in(cfg: DictConfig, job: _Job, hydra_config) -> float | None:
         if settings.run.dry_run or settings.run.show_data:  # nothing trains: planned here, nothing started
             return _plan_only(settings, job, composed, model_dir)
         workers = _start_workers(settings, job.run_dir, composed, model_dir)
-        evaluation = _evaluation(settings, composed, workers.launch.device)  # while the workers import torchtitan
+        # while the workers import torchtitan
+        evaluation = _evaluation(settings, composed, workers.launch.device, _sweeper_direction(hydra_config))
         planned = workers.wait_for_plan()  # local rank 0's plan
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on
         if workers is not None:
@@ -123,16 +124,26 @@ def _run_job_in(cfg: DictConfig, job: _Job, hydra_config) -> float | None:
     return job.train(settings, planned, workers, evaluation)
 
 
-def _evaluation(settings: Settings, composed: dict, device: str):
-    """eval=lm_eval: lm-eval's task registry with the run's tasks checked (names, cached data)
-    and an export planned; None for eval=none. Seconds (lm-eval indexes its task YAMLs): only
-    runs that evaluate pay them, kept for the evaluation after training."""
+def _evaluation(settings: Settings, composed: dict, device: str, direction: str | None):
+    """eval=lm_eval: lm-eval's task registry with the run's tasks checked (names, cached data,
+    the objective's metric and direction) and an export planned; None for eval=none. Seconds
+    (lm-eval indexes its task YAMLs): only runs that evaluate pay them, kept for the evaluation."""
     if settings.eval.kind == "none":
         return None
+    from qwen3_neuron.eval.objective import PREFIX, check_objective_metric
     from qwen3_neuron.eval.run import check_export_planned, prepare
 
     check_export_planned(composed)
-    return prepare(settings.eval, device)
+    manager = prepare(settings.eval, device)
+    if settings.run.objective.startswith(PREFIX):
+        check_objective_metric(settings.run.objective, settings.eval, manager, direction)
+    return manager
+
+
+def _sweeper_direction(hydra_config) -> str | None:
+    """Optuna's hydra.sweeper.direction (the basic sweeper has none)."""
+    direction = OmegaConf.select(hydra_config, "sweeper.direction", default=None)
+    return str(direction) if direction is not None and hydra_config.mode != RunMode.RUN else None
 
 
 def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModelDir | None) -> float | None:
@@ -140,7 +151,7 @@ def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModel
     from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
 
     plan = make_plan(composed, job.run_dir, None, model_dir)
-    _evaluation(settings, composed, plan.device)
+    _evaluation(settings, composed, plan.device, None)
     record_plan(plan, job.run_dir, [])  # its warnings: printed as it made them
     if settings.run.dry_run:
         _print_plan(plan, job.run_dir)

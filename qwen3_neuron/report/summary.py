@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen3_neuron.errors import JobFailed
+from qwen3_neuron.eval.objective import objective_value
 from qwen3_neuron.run_dir import (
     FAILURE_FILE,
     LOG_FILE,
@@ -134,7 +135,7 @@ def sweep_job_value(
         if sweep_dir is not None:
             (sweep_dir / STOP_FILE).write_text(reason + "\n")
         raise JobFailed(reason)
-    value = summary.get(objective) if status == "completed" else None
+    value = objective_value(summary, objective) if status == "completed" else None
     return float(value) if value is not None and math.isfinite(value) else None
 
 
