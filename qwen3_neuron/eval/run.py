@@ -42,7 +42,7 @@ def prepare(settings: EvalSettings, run_device: str):
     manager = task_manager(settings)
     check_tasks(settings, manager)
     print(
-        f"[qwen3-neuron] evaluation: lm-eval on {evaluation_device(settings, run_device)} after training, "
+        f"[qwen3-neuron] evaluation: lm-eval on {evaluation_device(settings, run_device)}, "
         f"tasks {', '.join(settings.tasks)}" + (" (chat template)" if settings.apply_chat_template else ""),
         flush=True,
     )
