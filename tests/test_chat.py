@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, trained
+from conftest import REPO, launch, trained
 from test_data import spans_of
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
@@ -219,7 +220,25 @@ def test_lm_eval_scores_the_chat_export_above_the_untrained_base(chat_sft_run, a
 
     # the same task on the untrained base, by the standalone command (an HF dir: scores on stdout)
     base = subprocess.run([sys.executable, "-m", "qwen3_neuron.eval", str(assets.tiny_qwen3_dir), *EVAL_CHAT_ANSWER[1:]],
-                          cwd=REPO, capture_output=True, text=True)  # fmt: skip
+                          cwd=REPO, capture_output=True, text=True, check=False)  # fmt: skip
     assert base.returncode == 0, base.stderr[-3000:]
     assert json.loads(base.stdout.splitlines()[-1]) == {"tiny_chat_answer": {"exact_match": 0.0}}
     assert trained_score >= 0.9  # random weights never say "Answer: 42."; the fine-tuned model does
+
+
+@pytest.mark.integration
+def test_resuming_a_completed_run_with_new_eval_keys_evaluates_it_without_training(chat_sft_run, tmp_path):
+    run = tmp_path / "run"  # the run's summary alone (its export stays where it names): chat_sft_run stays as it is
+    run.mkdir()
+    shutil.copy(chat_sft_run / "summary.json", run)
+    before = json.loads((run / "summary.json").read_text())
+    result = launch(None, f"run.resume={run}", *EVAL_CHAT_ANSWER, "eval.limit=4", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    results = json.loads((run / "eval" / "results.json").read_text())
+    assert results["n-samples"]["tiny_chat_answer"]["effective"] == 4
+    assert summary["eval"]["tiny_chat_answer"]["exact_match"] == results["results"]["tiny_chat_answer"]["exact_match,none"]
+    assert {k: v for k, v in summary.items() if not k.startswith("eval")} == {
+        k: v for k, v in before.items() if not k.startswith("eval")
+    }  # the training's record as it was
+    assert not (run / "train.log").exists() and not (run / "metrics.jsonl").exists()  # nothing trained

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from pathlib import Path
 
 import pytest
 from conftest import launch
@@ -30,7 +29,9 @@ def registry():
 
 
 def test_an_unknown_task_is_refused_with_close_matches(registry):
-    with pytest.raises(ConfigError, match=r"unknown lm-eval task 'tiny_chat_anser'\. Did you mean 'tiny_chat_answer'\?"):
+    with pytest.raises(
+        ConfigError, match=r"unknown lm-eval task 'tiny_chat_anser'\. Did you mean 'tiny_chat_answer'\?"
+    ):
         check_tasks(EvalSettings(kind="lm_eval", tasks=["tiny_chat_anser"]), registry)
     with pytest.raises(ConfigError, match=r"eval=lm_eval needs eval.tasks"):
         check_tasks(EvalSettings(kind="lm_eval"), registry)
@@ -75,7 +76,10 @@ def test_a_sweep_table_has_a_column_per_score_and_the_objective_reads_it(tmp_pat
         assert objective_value(summary, "eval.tiny_chat_answer.exact_match") == score
     write_report(tmp_path)
     rows = list(csv.DictReader(io.StringIO((tmp_path / "summary.csv").read_text())))
-    assert [(r["optimizer.lr"], r["eval.tiny_chat_answer.exact_match"]) for r in rows] == [("0.001", "0.25"), ("0.003", "1.0")]
+    assert [(r["optimizer.lr"], r["eval.tiny_chat_answer.exact_match"]) for r in rows] == [
+        ("0.001", "0.25"),
+        ("0.003", "1.0"),
+    ]
     assert list(rows[0])[-2:] == ["error", "run_dir"]
     assert "| eval.tiny_chat_answer.exact_match |" in (tmp_path / "summary.md").read_text()
 
@@ -91,5 +95,8 @@ def test_the_launch_refuses_an_unknown_task_before_training_and_writes_nothing(t
     run_dir = tmp_path / "run"
     result = launch(run_dir, "eval=lm_eval", "eval.tasks=[tiny_chat_anser]", "checkpointing=export_hf", timeout=300)
     assert result.returncode == 2
-    assert "Config error: eval.tasks: unknown lm-eval task 'tiny_chat_anser'. Did you mean 'tiny_chat_answer'?" in result.stderr
+    assert (
+        "Config error: eval.tasks: unknown lm-eval task 'tiny_chat_anser'. Did you mean 'tiny_chat_answer'?"
+        in result.stderr
+    )
     assert not run_dir.exists()

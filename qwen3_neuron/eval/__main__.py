@@ -21,9 +21,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from qwen3_neuron.config.fields import apply_fields
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.eval.run import evaluate_run, evaluation_device, prepare
+from qwen3_neuron.eval.run import evaluate_run, evaluation_device, local_device, prepare, rescore
 from qwen3_neuron.eval.settings import EvalSettings
-from qwen3_neuron.run_dir import SUMMARY_FILE, read_json, write_json
+from qwen3_neuron.run_dir import SUMMARY_FILE, read_json
 
 
 def main(argv: list[str]) -> int:
@@ -35,20 +35,21 @@ def main(argv: list[str]) -> int:
         settings = _settings(argv[1:])
         summary = read_json(target / SUMMARY_FILE)
         if summary is None and not (target / "config.json").exists():
-            raise ConfigError(f"{target} is neither a run dir (no {SUMMARY_FILE}) nor an HF model dir (no config.json).")
+            raise ConfigError(
+                f"{target} is neither a run dir (no {SUMMARY_FILE}) nor an HF model dir (no config.json)."
+            )
         fields = summary if summary is not None else {"export_dir": str(target)}
-        device = evaluation_device(settings, "cuda" if _has_cuda() else "cpu")
+        device = evaluation_device(settings, local_device())
+        if summary is not None:
+            return rescore(target, settings, summary, device)
         manager = prepare(settings, device)
     except (ConfigError, OmegaConfBaseException) as e:
         print(f"Config error: {e}", file=sys.stderr)
         return 2
-    if summary is None:  # a plain HF dir: lm-eval's results go to a scratch dir, the scores to stdout
-        with tempfile.TemporaryDirectory() as scratch:
-            result = evaluate_run(Path(scratch), settings, fields, device, manager, verbose=False)
-        print(json.dumps(result["eval"]))
-        return 1 if result["eval_error"] else 0
-    result = evaluate_run(target, settings, fields, device, manager, verbose=False)
-    write_json(target / SUMMARY_FILE, {**summary, **result})
+    # a plain HF dir: lm-eval's results go to a scratch dir, the scores to stdout
+    with tempfile.TemporaryDirectory() as scratch:
+        result = evaluate_run(Path(scratch), settings, fields, device, manager, verbose=False)
+    print(json.dumps(result["eval"]))
     return 1 if result["eval_error"] else 0
 
 
@@ -59,12 +60,6 @@ def _settings(overrides: list[str]) -> EvalSettings:
         raise ConfigError(f"{stray[0]}: only eval.* keys are read here (e.g. eval.tasks=[tiny_chat_answer]).")
     values = OmegaConf.to_container(OmegaConf.from_dotlist(overrides)).get("eval", {})
     return apply_fields(EvalSettings(kind="lm_eval"), values, "eval")
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.eval.harness import evaluate
 from qwen3_neuron.eval.settings import EvalSettings
 from qwen3_neuron.eval.tasks import check_tasks, task_manager
+from qwen3_neuron.run_dir import SUMMARY_FILE, write_json
 
 EVAL_DIR = "eval"  # <run dir>/eval/: lm-eval's results.json, eval.log
 LOG_FILE = "eval.log"
@@ -25,6 +26,13 @@ LOG_FILE = "eval.log"
 def evaluation_device(settings: EvalSettings, run_device: str) -> str:
     """eval.device, else the run's device where Transformers runs there (cuda), else cpu."""
     return settings.device or ("cuda" if run_device == "cuda" else "cpu")
+
+
+def local_device() -> str:
+    """The device of a run evaluated after the fact: cuda where this machine has it, else cpu."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_export_planned(composed: dict[str, Any]) -> None:
@@ -73,7 +81,7 @@ def evaluate_run(
         model_dir, adapter = model_to_evaluate(fields)
         with _quiet(out_dir / LOG_FILE, verbose):
             scores = evaluate(model_dir, settings, out_dir, device, manager, adapter)
-    except (Exception, KeyboardInterrupt) as e:  # the trained run and its export stay as they are
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - whatever fails, the run and its export stay
         error = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
         print(f"[qwen3-neuron] evaluation failed: {error} (the run and its export are kept; log: "
               f"{out_dir / LOG_FILE})", file=sys.stderr, flush=True)  # fmt: skip
@@ -84,16 +92,34 @@ def evaluate_run(
     return {"eval": scores, "eval_seconds": seconds, "eval_error": None}
 
 
+def rescore(run_dir: Path, settings: EvalSettings, summary: dict[str, Any], device: str, verbose: bool = False) -> int:
+    """Evaluate a completed run again (other tasks, other settings), training nothing: its
+    `eval/` and summary.json are updated. The exit code: 0, or 1 when the evaluation failed."""
+    if summary.get("status") != "completed":
+        raise ConfigError(
+            f"{run_dir} did not complete (status {summary.get('status')}): there is no trained model to evaluate."
+        )
+    model_to_evaluate(summary)  # it has an export
+    manager = prepare(settings, device)
+    result = evaluate_run(run_dir, settings, summary, device, manager, verbose)
+    write_json(run_dir / SUMMARY_FILE, {**summary, **result})
+    return 1 if result["eval_error"] else 0
+
+
 @contextlib.contextmanager
 def _quiet(log_file: Path, verbose: bool):
     """lm-eval's log and progress bars go to `log_file` unless run.verbose (as train.log does)."""
     if verbose:
         yield
         return
+    lm_eval_log = logging.getLogger("lm_eval")  # else Hydra's console handler on the root logger shows it
     with open(log_file, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         handler = logging.StreamHandler(log)
-        logging.getLogger().addHandler(handler)
+        handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        lm_eval_log.addHandler(handler)
+        lm_eval_log.propagate = False
         try:
             yield
         finally:
-            logging.getLogger().removeHandler(handler)
+            lm_eval_log.removeHandler(handler)
+            lm_eval_log.propagate = True

@@ -37,7 +37,9 @@ def check_tasks(settings: EvalSettings, manager) -> None:
     """ConfigError for an unknown task name (with close matches) or a task whose Hub data set is
     not in the local HF cache (with the command that fetches it)."""
     if not settings.tasks:
-        raise ConfigError("eval=lm_eval needs eval.tasks: a list of lm-eval task names, e.g. eval.tasks=[tiny_chat_answer].")
+        raise ConfigError(
+            "eval=lm_eval needs eval.tasks: a list of lm-eval task names, e.g. eval.tasks=[tiny_chat_answer]."
+        )
     for name in settings.tasks:
         if name not in manager.task_index:
             close = difflib.get_close_matches(name, manager.all_tasks, n=3, cutoff=0.75)
@@ -60,7 +62,12 @@ def _hub_datasets(manager, name: str, seen: set[str] | None = None) -> set[str]:
     config = entry.cfg or {}
     found = set()
     path = config.get("dataset_path")
-    if isinstance(path, str) and path not in LOCAL_BUILDERS and not Path(path).exists() and "custom_dataset" not in config:
+    if (
+        isinstance(path, str)
+        and path not in LOCAL_BUILDERS
+        and not Path(path).exists()
+        and "custom_dataset" not in config
+    ):
         found.add(path)
     if entry.kind.name == "GROUP":  # a group lists its tasks (names, or inline configs)
         members = [m if isinstance(m, str) else m.get("task") for m in config.get("task") or []]

@@ -50,6 +50,7 @@ from qwen3_neuron.run_dir import (
     LOG_FILE,
     METRICS_FILE,
     RANKS_LOG_DIR,
+    SUMMARY_FILE,
     Handoff,
     PlannedRun,
     read_json,
@@ -105,6 +106,9 @@ def _run_job_in(cfg: DictConfig, job: _Job, hydra_config) -> float | None:
     try:
         composed = OmegaConf.to_container(cfg, resolve=True)
         if composed["run"]["resume"]:
+            rescored = _rescore_completed(job.run_dir, composed, list(hydra_config.overrides.task))
+            if rescored is not None:  # a completed run, evaluated again: nothing trains
+                return job.finish(rescored)
             composed = resumed_config(job.run_dir, composed, list(hydra_config.overrides.task))
         composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
         settings = parse_settings(composed)  # the framework's own sections: typos need no torchtitan
@@ -138,6 +142,18 @@ def _evaluation(settings: Settings, composed: dict, device: str, direction: str 
     if settings.run.objective.startswith(PREFIX):
         check_objective_metric(settings.run.objective, settings.eval, manager, direction)
     return manager
+
+
+def _rescore_completed(run_dir: Path, composed: dict, typed_overrides: list[str]) -> int | None:
+    """run.resume of a completed run with new eval.*: its exit code once evaluated; else None."""
+    from qwen3_neuron.eval.resume import rescore_settings
+    from qwen3_neuron.eval.run import evaluation_device, local_device, rescore
+
+    settings = rescore_settings(run_dir, composed, typed_overrides)
+    if settings is None:
+        return None
+    device = evaluation_device(settings, local_device())
+    return rescore(run_dir, settings, read_json(run_dir / SUMMARY_FILE), device, bool(composed["run"]["verbose"]))
 
 
 def _sweeper_direction(hydra_config) -> str | None:
