@@ -100,3 +100,23 @@ def test_the_launch_refuses_an_unknown_task_before_training_and_writes_nothing(t
         in result.stderr
     )
     assert not run_dir.exists()
+
+
+def test_a_completed_run_resumed_with_new_eval_keys_is_evaluated_only(tmp_path):
+    from qwen3_neuron.eval.resume import rescore_settings
+    from qwen3_neuron.report.summary import sweep_job_value
+
+    summary = {"status": "completed", "eval": {"tiny_chat_answer": {"exact_match": 0.5}}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    composed = {"eval": {"kind": "lm_eval", "tasks": ["tiny_chat_answer"], "limit": 4}}
+    typed = ["run.resume=x", "eval=lm_eval", "eval.tasks=[tiny_chat_answer]", "eval.limit=4"]
+    assert rescore_settings(tmp_path, composed, typed) == EvalSettings(
+        kind="lm_eval", tasks=["tiny_chat_answer"], limit=4
+    )
+    with pytest.raises(
+        ConfigError, match=r"may only evaluate it again \(eval\.\*\), but this command also sets 'training.steps'"
+    ):
+        rescore_settings(tmp_path, composed, [*typed, "training.steps=50"])
+    assert rescore_settings(tmp_path, composed, ["run.resume=x", "training.steps=50"]) is None  # trains on, as before
+    objective = "eval.tiny_chat_answer.exact_match"
+    assert sweep_job_value(summary, objective, stop_on_failure=False) == 0.5
