@@ -1,6 +1,8 @@
 # Set-up and the everyday commands. `make run` and `make test` do all set-up first.
 PYTHON ?= python3
-# torch: 2.13.0's CPU wheel by default (fast to install, what CI runs). `make test TORCH=2.14.1`
+# torch: 2.13.0 from pip's index by default (CI's index has the CPU wheel; PyPI's Linux wheel is the
+# CUDA build, several GB; TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" takes
+# the CPU-only one). `make test TORCH=2.14.1`
 # (or run, setup, ...) uses that torch in its own venv, .venv-torch2.14.1; PyPI's Linux wheels
 # from 2.14 on are CUDA builds (several GB), which also run on CPU.
 DEFAULT_TORCH := 2.13.0
@@ -19,8 +21,8 @@ $(PY):
 
 $(VENV)/.installed: $(PY) pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch first (the CPU wheel by default, so no CUDA download; on a Linux GPU machine PyPI's
-	# torch==2.13.0 is the CUDA build), then the project with torch held at that version.
+	# torch first, from pip's index (TORCH_PIP_ARGS: another one), then the project with torch
+	# held at that version.
 	# PIP_CONSTRAINT replaces a pip config's constraint file for these two calls only: a
 	# machine-wide cap on torch must not pull the venv back to another version.
 	echo "torch==$(TORCH)" > $(VENV)/torch-pin.txt

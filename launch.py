@@ -16,9 +16,13 @@ from omegaconf import DictConfig
 
 from qwen3_neuron.config.hydra_setup import experiment_without_plus, register
 
+_composed = False  # Hydra got as far as a job
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    global _composed
+    _composed = True
     # imported once Hydra has composed: the job imports torchtitan (seconds), which a
     # misspelled group option or a command-line typo need not wait for
     from qwen3_neuron.launch.job import run_job
@@ -29,7 +33,12 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     register()  # torchtitan's sections and the project's resolvers, before Hydra composes
     sys.argv = experiment_without_plus(sys.argv)
-    main()
+    try:
+        main()
+    except SystemExit as e:
+        # Hydra reports what it cannot compose (model=nativ, a bad override) and exits 1:
+        # a config mistake, exit code 2 as for every other
+        raise SystemExit(2 if e.code == 1 and not _composed else e.code) from None
     from qwen3_neuron.launch.job import exit_code
     from qwen3_neuron.process_exit import exit_without_teardown
 

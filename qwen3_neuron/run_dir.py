@@ -4,6 +4,7 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/.lock               the launch that owns the run dir while it runs (host, pid, since);
                                   `.lock.nodeN` for node N > 0 of a multi-node job (launch.run_lock)
     <run dir>/job.yaml            the resolved composed config; workers rebuild from it
+    <run dir>/trainer_config.json the final torchtitan config, for people (and a refused resume's message)
     <run dir>/.plan_*.<token>     the plan's request, result or error while torchrun starts (below)
     <run dir>/failure.json        rank 0's error and last good checkpoint, when training raised
     <run dir>/export.json         rank 0's HF export: the summary's export_dir (adapter_dir), or its error
@@ -35,12 +36,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 JOB_FILE = "job.yaml"
+TRAINER_CONFIG_FILE = "trainer_config.json"
 FAILURE_FILE = "failure.json"
 EXPORT_FILE = "export.json"
 LOG_FILE = "train.log"
@@ -87,6 +91,17 @@ def group_replacements(lines: list[str]) -> dict[str, list[str]]:
         target, _, change = line.removeprefix("[Override] ").partition(": ")
         grouped.setdefault(target, []).append(change)
     return grouped
+
+
+def summarize_replacements(lines: list[str]) -> list[str]:
+    """One line per override and kind of change, its layers counted: "36 x
+    model_spec.model.layers.*.attention.inner_attention FlexAttention.Config ->
+    SDPAFlexAttention.Config (qwen3_neuron.kernels.attention.sdpa.sdpa_for_flex)"."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for target, changes in group_replacements(lines).items():
+        for change in changes:
+            counts[target, re.sub(r"\.\d+\.", ".*.", change)] += 1
+    return [f"{n} x {change} ({target})" if n > 1 else f"{change} ({target})" for (target, change), n in counts.items()]
 
 
 @dataclass(frozen=True)
@@ -221,8 +236,9 @@ def write_data_stats(run_dir: Path, rank: int, stats: dict[str, int]) -> None:
     write_json(folder / f"rank_{rank}.json", stats)
 
 
-def read_data_stats(run_dir: Path) -> dict[str, int] | None:
-    """Every rank's data counts added up; None when no rank wrote any (data=tiny, or no run)."""
+def read_data_stats(run_dir: Path) -> dict[str, int | float] | None:
+    """Every rank's data counts added up, and the job's `packing_efficiency`; None when no rank
+    wrote any (data=tiny, or no run)."""
     folder = run_dir / DATA_STATS_DIR
     files = sorted(folder.glob("rank_*.json")) if folder.is_dir() else []
     if not files:
@@ -231,4 +247,10 @@ def read_data_stats(run_dir: Path) -> dict[str, int] | None:
     for path in files:
         for name, value in json.loads(path.read_text()).items():
             total[name] = total.get(name, 0) + value
-    return total
+    return {**total, "packing_efficiency": packing_efficiency(total)}
+
+
+def packing_efficiency(stats: dict[str, int]) -> float | None:
+    """The share of the tokens handed out to training that are not padding."""
+    tokens = stats.get("tokens")
+    return (tokens - stats["padding_tokens"]) / tokens if tokens else None

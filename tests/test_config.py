@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import pytest
 from conftest import compose_config, launch
@@ -107,3 +108,38 @@ def test_dry_run_records_the_run_and_starts_nothing(tmp_path, assets):
     assert not (run_dir / "train.log").exists() and not (run_dir / "metrics.jsonl").exists()
     assert '"steps": 7' in (run_dir / "trainer_config.json").read_text()
     assert "qwen3_neuron.worker.train" in (run_dir / "command.sh").read_text()
+    # the plan, one line per fact: the override list summarised, each warning once, no JSON
+    out = result.stdout + result.stderr
+    assert "[qwen3-neuron] override: 4 x model_spec.model.layers.*.attention.inner_attention" in out
+    assert "[Override]" not in out and '"training": {' not in out
+    assert len(out.splitlines()) <= 12, out
+    assert len(set(out.splitlines())) == len(out.splitlines()), out
+    assert out.splitlines()[-1].startswith("[qwen3-neuron] memory per rank: ")  # the verdict, last
+
+
+def test_a_dry_run_shows_a_plan_that_does_not_fit_then_refuses_it(tmp_path, assets):
+    """A dry run is how a plan for a bigger machine is looked at: shown whole, the memory verdict
+    last, and exit code 2 saying a launch here would be refused."""
+    run_dir = tmp_path / "run"
+    result = launch(run_dir, "run.dry_run=true", "model.flavor=32B", timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "[qwen3-neuron] model: qwen3 32B (model=native)" in result.stdout
+    assert "torch.distributed.run --standalone --nproc_per_node=2" in result.stdout
+    assert result.stdout.splitlines()[-1].startswith("[qwen3-neuron] memory per rank: ")
+    assert "Config error: the plan does not fit" in result.stderr
+    assert "a launch would stop here" in result.stderr
+    assert (run_dir / "trainer_config.json").exists()
+
+
+def test_chat_validation_follows_the_users_data(tmp_path, assets):
+    """data=chat validates on the bundled conversations only while it trains on them: a user's own
+    files are validated on what the user names, and `data.val_fraction` alone names it."""
+    shutil.copy(assets.chat_train_file, tmp_path / "mine.jsonl")  # the bundled rows, by another name
+    mine = f"data.files={tmp_path / 'mine.jsonl'}"
+    bundled = plan_for(tmp_path, "data=chat").trainer_config.validator
+    assert bundled.enable and bundled.dataloader.sources[0].files == str(assets.chat_validation_file)
+    assert not plan_for(tmp_path, "data=chat", mine).trainer_config.validator.enable
+    carved = plan_for(tmp_path, "data=chat", mine, "data.val_fraction=0.05").trainer_config.validator
+    assert carved.enable and carved.dataloader.sources[0].val_fraction == 0.05
+    with pytest.raises(ConfigError, match="data.val_fraction and data.val_files both"):
+        plan_for(tmp_path, "data=chat", mine, "data.val_fraction=0.05", f"data.val_files={tmp_path / 'mine.jsonl'}")

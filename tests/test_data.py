@@ -13,6 +13,7 @@ from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from qwen3_neuron.data.chat import ChatRenderer, Conversation, row_conversation
 from qwen3_neuron.data.dataset import DataSource, PackedDataset
 from qwen3_neuron.data.packing import Packer, document
+from qwen3_neuron.run_dir import read_data_stats, write_data_stats
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
@@ -89,26 +90,70 @@ def test_train_on_prompt_trains_every_token(tokenizer):
 # ---- packing ---------------------------------------------------------------------------------
 
 
-def test_pad_layout_keeps_documents_whole_with_positions_per_document():
-    packer = Packer(seq_len=8, pad_id=99, layout="pad")
+def test_greedy_packing_keeps_documents_whole_with_positions_per_document():
+    packer = Packer(seq_len=8, pad_id=99, packing="greedy")
     assert packer.add([1, 2, 3], [2, 3, 4]) == []
     assert packer.add([5, 6, 7, 8], [6, 7, 8, 9]) == []
-    [(inputs, labels, positions)] = packer.add([10, 11, 12, 13, 14], [11, 12, 13, 14, 15])  # does not fit: pad
+    [(inputs, labels, positions, padding)] = packer.add([10, 11, 12, 13, 14], [11, 12, 13, 14, 15])  # does not fit
     assert inputs == [1, 2, 3, 5, 6, 7, 8, 99]
     assert labels == [2, 3, 4, 6, 7, 8, 9, IGNORE_INDEX]
     assert positions == [0, 1, 2, 0, 1, 2, 3, 0]  # the padding is a document of its own
-    [(inputs, labels, positions)] = packer.flush()
+    assert padding == 1
+    [(inputs, _, positions, padding)] = packer.flush()
     assert inputs == [10, 11, 12, 13, 14, 99, 99, 99]
-    assert positions == [0, 1, 2, 3, 4, 0, 1, 2]
-    assert packer.padding == 4
+    assert positions == [0, 1, 2, 3, 4, 0, 1, 2] and padding == 3
+
+
+def test_best_fit_fills_each_sample_from_the_buffer_longest_first_and_the_rest_waits():
+    packer = Packer(seq_len=8, pad_id=99, packing="best_fit", buffer_size=3)
+    doc = {n: (list(range(10 * n, 10 * n + n)), list(range(10 * n + 1, 10 * n + n + 1))) for n in (2, 3, 4, 5, 6)}
+    assert packer.add(*doc[5]) == [] and packer.add(*doc[4]) == []
+    [(inputs, labels, positions, padding)] = packer.add(*doc[2])  # the buffer is full: 5, then 2 (4 does not fit)
+    assert inputs == [50, 51, 52, 53, 54, 20, 21, 99]
+    assert labels == [51, 52, 53, 54, 55, 21, 22, IGNORE_INDEX]
+    assert positions == [0, 1, 2, 3, 4, 0, 1, 0] and padding == 1
+    assert packer.waiting_documents() == 1  # the 4 waits for a later sample
+    assert packer.add(*doc[3]) == []
+    [(inputs, _, positions, padding)] = packer.add(*doc[6])  # 6, then 4 and 3 do not fit
+    assert inputs == [60, 61, 62, 63, 64, 65, 99, 99] and padding == 2
+    [(inputs, _, positions, padding)] = packer.flush()  # 4 + 3 (the end of the data: the rest, padded)
+    assert inputs == [40, 41, 42, 43, 30, 31, 32, 99]
+    assert positions == [0, 1, 2, 3, 0, 1, 2, 0] and padding == 1
+    assert packer.flush() == [] and packer.waiting_documents() == 0
+
+
+def test_no_packing_puts_each_document_alone_in_its_sample():
+    packer = Packer(seq_len=4, pad_id=0, packing="none")
+    assert packer.add([1, 2], [2, 3]) == [([1, 2, 0, 0], [2, 3, IGNORE_INDEX, IGNORE_INDEX], [0, 1, 0, 1], 2)]
+    assert packer.add([5, 6, 7, 8], [6, 7, 8, 9]) == [([5, 6, 7, 8], [6, 7, 8, 9], [0, 1, 2, 3], 0)]
+    assert packer.flush() == []
+
+
+def test_a_best_fit_packer_restored_from_its_state_makes_the_same_samples():
+    lengths = [(7 * i) % 23 + 1 for i in range(60)]
+    documents = [(list(range(n)), list(range(1, n + 1))) for n in lengths]
+
+    def pack(packer, docs):
+        return [sample for d in docs for sample in packer.add(*d)] + packer.flush()
+
+    reference = Packer(seq_len=32, pad_id=0, buffer_size=8)
+    before = [sample for d in documents[:25] for sample in reference.add(*d)]
+    state = reference.state_dict()
+    after = pack(reference, documents[25:])
+    restored = Packer(seq_len=32, pad_id=0, buffer_size=8)
+    restored.load_state_dict(state)
+    assert pack(restored, documents[25:]) == after
+    samples = before + after
+    assert sum(lengths) == 720 == sum(32 - padding for *_, padding in samples)  # every token placed once
+    assert (len(samples), sum(padding for *_, padding in samples)) == (23, 16)  # greedy: 29 samples, 208 padding
 
 
 def test_flow_layout_runs_a_document_on_and_restarts_its_positions():
-    packer = Packer(seq_len=4, pad_id=0, layout="flow")
+    packer = Packer(seq_len=4, pad_id=0, packing="flow")
     samples = packer.add(list(range(10, 16)), list(range(11, 17)))  # 6 tokens: one sample + 2 left
-    assert samples == [([10, 11, 12, 13], [11, 12, 13, 14], [0, 1, 2, 3])]
-    [(inputs, _, positions)] = packer.add([20, 21, 22], [21, 22, 23])
-    assert inputs == [14, 15, 20, 21]
+    assert samples == [([10, 11, 12, 13], [11, 12, 13, 14], [0, 1, 2, 3], 0)]
+    [(inputs, _, positions, padding)] = packer.add([20, 21, 22], [21, 22, 23])
+    assert inputs == [14, 15, 20, 21] and padding == 0
     assert positions == [0, 1, 0, 1]  # the continued document starts at 0 again
     assert packer.inputs == [22] and packer.positions == [0]  # cut at the boundary: 0 in the next sample
 
@@ -170,6 +215,35 @@ def test_overlong_conversations_are_truncated_or_dropped_and_counted(tmp_path, t
     dropped = PackedDataset(DataSource(files=str(files), format="chat", overlong="drop"), tokenizer, seq_len=96, infinite=False)
     list(dropped)
     assert dropped.stats["dropped"] == 1 and dropped.stats["documents"] == 1
+
+
+@pytest.mark.parametrize(
+    "packing, samples, padding",
+    [("best_fit", [[6, 4], [5, 3, 2], [7]], 3), ("greedy", [[6], [5, 4], [3, 2], [7]], 13), ("none", [[6], [5], [4], [3], [2], [7]], 33)],
+)  # fmt: skip
+def test_data_stats_count_the_tokens_handed_out_their_padding_and_what_still_waits(
+    tmp_path, tokenizer, packing, samples, padding
+):
+    """Text documents kept whole (overlong=truncate) of 6, 5, 4, 3, 2, 7 tokens into 10-token samples."""
+    files = write_jsonl(tmp_path / "rows.jsonl", [{"text": " ".join(["word"] * n)} for n in (6, 5, 4, 3, 2, 7)])
+    source = DataSource(files=str(files), overlong="truncate", packing=packing, pack_buffer=3)
+    dataset = PackedDataset(source, tokenizer, seq_len=10, infinite=False)
+    iterator = iter(dataset)
+    handed_out = [next(iterator)]
+    read = {"best_fit": 3, "greedy": 2, "none": 1}[packing]  # rows read for the first sample
+    assert dataset.data_stats()["buffered_documents"] == read - len(samples[0])
+    handed_out += list(iterator)
+    assert len(handed_out) == len(samples)
+    for (sample, _), lengths in zip(handed_out, samples):
+        starts = [i for i, p in enumerate(sample["positions"].tolist()) if p == 0]
+        assert [b - a for a, b in zip(starts, starts[1:] + [10])][: len(lengths)] == lengths
+    stats = dataset.data_stats()
+    assert stats["tokens"] == 10 * len(samples) and stats["padding_tokens"] == padding
+    assert stats["label_tokens"] == 27 and stats["buffered_documents"] == 0  # every token of text is a target
+    write_data_stats(tmp_path, 0, stats)
+    write_data_stats(tmp_path, 1, stats)
+    total = read_data_stats(tmp_path)
+    assert total["tokens"] == 20 * len(samples) and total["packing_efficiency"] == 27 / (10 * len(samples))
 
 
 @pytest.mark.parametrize("form", ["jsonl", "json", "csv", "parquet", "txt", "arrow", "save_to_disk"])
@@ -246,7 +320,8 @@ def test_show_data_prints_rank_0_samples_with_the_spans_without_loss_marked(tmp_
     from qwen3_neuron.config.plan import make_plan
     from qwen3_neuron.data.preview import show_samples
 
-    plan = make_plan(compose_config("data=chat", "training.seq_len=256", "run.show_data=1"), tmp_path / "run")
+    overrides = ("data=chat", "data.packing=greedy", "training.seq_len=256", "run.show_data=1")  # in row order
+    plan = make_plan(compose_config(*overrides), tmp_path / "run")
     text = show_samples(plan.trainer_config, 1, dp_world_size=2)
     first = json.loads(assets.chat_train_file.read_text().splitlines()[0])["messages"]
     assert text.startswith("=== sample 1 of rank 0: 2 document(s)")

@@ -16,6 +16,7 @@ import math
 import re
 import shutil
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 from conftest import TINY, launch, read_jsonl
@@ -87,7 +88,7 @@ def test_chat_overlong_conversations_are_counted_in_log_and_summary(chat_run):
     run_dir, _ = chat_run
     stats = summary_of(run_dir)["data_stats"]
     per_rank = [json.loads((run_dir / "data_stats" / f"rank_{r}.json").read_text()) for r in (0, 1)]
-    assert stats == {k: per_rank[0][k] + per_rank[1][k] for k in stats}
+    assert stats == {**{k: per_rank[0][k] + per_rank[1][k] for k in per_rank[0]}, "packing_efficiency": ANY}
     assert stats["truncated"] > 0 and stats["dropped"] == 0 and stats["skipped"] == 0 and stats["split"] == 0
     assert stats["documents"] == stats["rows"] > 0
     # a share of the tokens packed (6 steps x 2 ranks x 2 rows x 128, + what is still buffered): prompts carry none
@@ -95,6 +96,24 @@ def test_chat_overlong_conversations_are_counted_in_log_and_summary(chat_run):
     log = (run_dir / "train.log").read_text()
     assert "truncated (data.overlong=truncate)" in log
     assert "[qwen3-neuron data] rank 0: rows" in log
+
+
+def test_chat_run_packs_best_fit_and_reports_its_packing_efficiency(chat_run):
+    """data=chat's default packing: best fit over 64 waiting conversations per rank. Every token
+    trained is counted (6 steps x 2 ranks x 2 samples x 128), its padding and the conversations
+    still waiting; packing_efficiency reaches summary.json and the end-of-run line."""
+    run_dir, result = chat_run
+    config = json.loads((run_dir / "trainer_config.json").read_text())
+    [source] = config["dataloader"]["sources"]
+    assert (source["packing"], source["pack_buffer"]) == ("best_fit", 64)
+    summary = summary_of(run_dir)
+    stats = summary["data_stats"]
+    assert stats["tokens"] == CHAT_STEPS * 2 * 2 * 128
+    assert summary["packing_efficiency"] == stats["packing_efficiency"] == 1 - stats["padding_tokens"] / stats["tokens"]
+    assert summary["packing_efficiency"] > 0.95
+    # each rank's buffer was full (64) before its last sample took 1 or 2 conversations of >= 52 tokens
+    assert 2 * 62 <= stats["buffered_documents"] <= 2 * 63
+    assert f'"packing_efficiency": {summary["packing_efficiency"]}' in result.stdout
 
 
 def test_chat_run_records_its_data_config_and_writes_only_in_the_run_dir(chat_run, assets):

@@ -241,8 +241,8 @@ def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(backe
 def test_a_resume_from_step_4_reloads_the_base_and_ends_on_the_uninterrupted_runs_exports(backend, request, assets,
                                                                                           tmp_path):  # fmt: skip
     """The run's dir as it stood after its step-4 adapter checkpoint; run.resume loads the base
-    from HF again, then the adapters, optimizer and chat data position (row index, packer buffer,
-    samples packed but not handed out), and ends on the uninterrupted run's losses, validation,
+    from HF again, then the adapters, optimizer and chat data position (row index, best-fit packing
+    buffer, samples packed but not handed out, data counts), and ends on the uninterrupted run's losses, validation,
     PEFT adapter and merged export, bit for bit: the base did not move across the resume either.
     Dropout masks included: each step's follow from the seed and the step. (A resume after
     kill -9 itself: tests/test_resume.py.)"""
@@ -260,6 +260,9 @@ def test_a_resume_from_step_4_reloads_the_base_and_ends_on_the_uninterrupted_run
     assert [resumed[s] for s in range(5, 11)] == [reference[s] for s in range(5, 11)]
     summaries = [json.loads((d / "summary.json").read_text()) for d in (run_dir, lora_run)]
     assert summaries[0]["val_loss"] == summaries[1]["val_loss"] and summaries[0]["val_step"] == 10
+    # best-fit packing (data=chat's default): the same samples from the checkpointed buffer on
+    assert json.loads((run_dir / "trainer_config.json").read_text())["dataloader"]["sources"][0]["packing"] == "best_fit"
+    assert summaries[0]["data_stats"] == summaries[1]["data_stats"]
     for written in ("hf_adapter/adapter_model.safetensors", "hf_export/model.safetensors"):
         after_resume, uninterrupted = _safetensors(run_dir / written), _safetensors(lora_run / written)
         assert after_resume.keys() == uninterrupted.keys()

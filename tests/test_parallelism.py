@@ -126,9 +126,11 @@ def test_inconsistent_layouts_fail_at_plan_time_naming_the_numbers(tmp_path, ass
 
 @pytest.mark.skipif(not OLD_TORCH_FSDP, reason="this torch's FSDP takes spmd_types parameters")
 @pytest.mark.parametrize("option", ["tp", "cp", "ep"])
-def test_model_parallel_with_spmd_types_is_refused_on_this_torch(tmp_path, assets, option):
+def test_model_parallel_options_plan_as_shipped_and_spmd_types_is_refused_on_this_torch(tmp_path, assets, option):
+    shipped = ("model=moe", "training.seq_len=256", "run.nproc_per_node=2")
+    assert plan_for(tmp_path, f"parallelism={option}", *shipped).trainer_config.parallelism.spmd_backend == "partial_dtensor"
     with pytest.raises(ConfigError, match=r"spmd_backend=spmd_types .* needs torch >= 2.14") as error:
-        plan_for(tmp_path, f"parallelism={option}", "model=moe", "training.seq_len=256", "run.nproc_per_node=2")
+        plan_for(tmp_path, f"parallelism={option}", *shipped, "parallelism.spmd_backend=spmd_types")
     assert "parallelism.spmd_backend=partial_dtensor" in str(error.value)
 
 

@@ -77,6 +77,7 @@ def test_the_same_seed_again_and_its_resume_after_kill_9_give_identical_losses(d
     assert sorted(resumed) == list(range(1, STEPS + 1))
     loaded = re.search(r"Loading the checkpoint from \S*step-(\d+)", (run_dir / "train.log").read_text())
     assert loaded and int(loaded.group(1)) == intact  # never the unfinished step-9, nor the damaged one
+    assert f"continuing from checkpoint step-{intact} of {run_dir}" in printed
     after = range(intact + 1, STEPS + 1)
     assert [resumed[s] for s in after] == [uninterrupted[s] for s in after]
     assert "checkpointing=periodic" in (run_dir / ".hydra" / "overrides.yaml").read_text()  # the first launch's
@@ -144,6 +145,19 @@ def test_resume_refuses_a_dir_without_checkpoint_and_a_changed_config(default_ru
     (run_dir / "checkpoint" / "step-2" / ".metadata").touch()
     result = launch(None, f"run.resume={run_dir}", "optimizer.lr=1e-2")
     assert result.returncode == 2 and "changes 'optimizer.lr'" in result.stderr
+    # the recorded value is the one the run trained with, the base config function's here
+    assert "(0.0008, the base config function's default -> 0.01)" in result.stderr
+
+
+def test_resuming_a_run_with_nothing_left_to_train_does_nothing(default_run, tmp_path):
+    run_dir = shutil.copytree(default_run, tmp_path / "run")
+    (run_dir / "checkpoint" / f"step-{STEPS}").mkdir(parents=True)
+    (run_dir / "checkpoint" / f"step-{STEPS}" / ".metadata").touch()
+    before = _files(run_dir)
+    result = launch(None, f"run.resume={run_dir}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"nothing left to train: its checkpoint step-{STEPS} is at training.steps={STEPS}" in result.stdout
+    assert _files(run_dir) == before  # no torchrun started, summary.json as the run left it
 
 
 def _files(run_dir: Path) -> dict[str, int]:

@@ -22,8 +22,9 @@ from qwen3_neuron.config.plan import make_plan
 from qwen3_neuron.config.record import training_dtype
 from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.report.peak_flops import PeakFlops, cache_path, peak_flops
-from qwen3_neuron.report.summary import JobFailed, crash_error, summarize, sweep_job_value
+from qwen3_neuron.report.summary import JobFailed, crash_error, summarize, summary_lines, sweep_job_value
 from qwen3_neuron.report.sweep_table import COLUMNS, read_overrides, write_report
+from qwen3_neuron.run_dir import write_data_stats
 
 # tiny and quick: every job of these sweeps starts one rank for three short steps
 SMALL = SWEEP_JOB
@@ -279,13 +280,16 @@ def test_report_of_a_sweep_whose_job_left_no_summary(tmp_path):
         (tmp_path / name / ".hydra").mkdir(parents=True)
         (tmp_path / name / ".hydra" / "overrides.yaml").write_text(f"- model.flavor={flavor}\n- training.steps=3\n")
     write_records(tmp_path / "0", [{"step": 1, "loss": 7.6}, {"step": 2, "loss": 7.1}])
+    for rank, padding in ((0, 100), (1, 4)):  # two ranks' data counts: 2 x 1024 tokens, 104 of them padding
+        write_data_stats(tmp_path / "0", rank, {"tokens": 1024, "padding_tokens": padding})
     (tmp_path / "0" / "summary.json").write_text(json.dumps(summarize(tmp_path / "0", "completed", 2.0)))
     report = write_report(tmp_path)
     assert report.varying == ["model.flavor"] and [job.name for job in report.failed] == ["1"]
     rows = csv_rows(tmp_path / "summary.csv")
-    assert [(r["model.flavor"], r["status"], r["final_loss"]) for r in rows] == [
-        ("tiny", "completed", "7.1"), ("debugmodel", "unknown", ""),
+    assert [(r["model.flavor"], r["status"], r["final_loss"], r["packing_efficiency"]) for r in rows] == [
+        ("tiny", "completed", "7.1", str(1944 / 2048)), ("debugmodel", "unknown", "", ""),
     ]  # fmt: skip
+    assert "| 7.1000 |  |  | 0.9492 |" in (tmp_path / "summary.md").read_text()  # final loss, val loss, tok/s, efficiency
     assert (tmp_path / "loss.png").read_bytes()[:8] == PNG_MAGIC
 
 
@@ -315,6 +319,39 @@ def test_progress_prints_plain_lines_when_not_on_a_terminal(tmp_path):
     step_line = re.compile(r"\[qwen3-neuron\] #7  step [1-3]/4  loss \d\.\d{4}  tok/s 1,500  mfu 1\.23%  ETA ")
     assert all(step_line.match(line) for line in lines[1:])
     assert all(line.endswith("ETA --") for line in lines[1:] if "step 1/4" in line)  # no pace yet
+
+
+def test_the_end_of_a_run_is_a_few_labelled_lines():
+    summary = {"status": "completed", "steps": 10, "wall_seconds": 12.34, "first_loss": 7.66, "final_loss": 6.5,
+               "val_loss": 6.75, "val_step": 10, "tokens_per_second": 2172.8, "mfu": 0.1137, "peak_memory_gib": 0.69,
+               "tensor_memory_gib": 0.045, "memory_estimate_gib": 0.044, "export_dir": "/run/hf_export",
+               "error": None, "flops_per_token": 1.0e7, "overrides": {"a": ["b"]}}  # fmt: skip
+    assert summary_lines(summary) == [
+        "completed: 10 steps in 12.3 s; loss 7.6600 -> 6.5000 (validation 6.7500 at step 10)",
+        "speed: 2,173 tok/s, mfu 11.37%; memory per rank: peak 0.69 GiB, tensors 0.045 GiB, estimate 0.044 GiB",
+        "HF export: /run/hf_export",
+    ]
+    resumed = {**summary, "val_loss": None, "checkpoint_loaded": "step-8"}
+    assert summary_lines(resumed)[0] == "completed: 10 steps in 12.3 s; loss 7.6600 -> 6.5000; continued from checkpoint step-8"
+
+
+def test_progress_prints_each_step_once_with_its_validation(tmp_path):
+    """Not on a terminal: steps read in one poll each get their line, and a step's validation,
+    logged after it, is on that step's one line."""
+    metrics, out = tmp_path / "metrics.jsonl", io.StringIO()
+    progress = Progress(metrics, total_steps=3, stream=out)
+
+    def log(*records):
+        with open(metrics, "a") as f:
+            f.write("".join(json.dumps(record) + "\n" for record in records))
+        progress._poll()
+
+    log({"step": 1, "loss": 7.5, "elapsed_seconds": 1.0})
+    log({"step": 1, "val_loss": 7.25})
+    log({"step": 2, "loss": 7.0, "elapsed_seconds": 2.0}, {"step": 3, "loss": 6.5, "elapsed_seconds": 3.0})
+    progress.stop()
+    steps = [line.split("  ")[1] + "  " + line.split("  ")[3] for line in out.getvalue().splitlines()]
+    assert steps == ["step 1/3  val 7.2500", "step 2/3  val 7.2500", "step 3/3  val 7.2500"]
 
 
 def test_progress_redraws_one_line_on_a_terminal(tmp_path):

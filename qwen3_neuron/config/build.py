@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.trainer import Trainer
 
+from qwen3_neuron.config import layout
 from qwen3_neuron.config.data import apply_data
 from qwen3_neuron.config.fields import apply_fields, unknown_key_message
 from qwen3_neuron.config.settings import SECTIONS, Settings, parse_settings
@@ -71,6 +72,10 @@ def build_trainer_config(
     param_dtype = devices.mixed_precision_param(device)
     if param_dtype and "mixed_precision_param" not in (composed.get("training") or {}):
         config.training.mixed_precision_param = param_dtype  # float32 on a CPU that emulates bf16
+    if "spmd_backend" not in (composed.get("parallelism") or {}) and devices.unavailable_reason(device) is None:
+        # TP/CP/EP on a torch whose FSDP cannot take torchtitan's default (< 2.14): the workaround
+        spmd = layout.spmd_backend_for_this_torch(config.parallelism, settings.model.kind)
+        config.parallelism.spmd_backend = spmd or config.parallelism.spmd_backend
     config.dump_folder = str(run_dir)
     config.override.imports = [
         *config.override.imports,

@@ -50,7 +50,8 @@ def training_sources(data: DataSettings) -> list[DataSource]:
     if data.kind != "mix":
         if data.sources:
             raise ConfigError(f"data.sources is for data=mix; data={data.kind} reads data.files or data.hf_dataset")
-        return [_checked_source(DataSource(format=data.kind, **defaults), "data")]
+        source = _checked_source(DataSource(format=data.kind, **defaults), "data")
+        return [_checked_packing(source, data.packing != DataSettings.packing, "data")]
     if not data.sources:
         raise ConfigError("data=mix needs data.sources: a list of {files or hf_dataset, weight, format}")
     sources = []
@@ -59,7 +60,8 @@ def training_sources(data: DataSettings) -> list[DataSource]:
         source = apply_fields(base, values, f"data.sources[{index}]")
         if not source.weight > 0:
             raise ConfigError(f"data.sources[{index}].weight={source.weight}: a weight must be > 0")
-        sources.append(_checked_source(source, f"data.sources[{index}]"))
+        source = _checked_source(source, f"data.sources[{index}]")
+        sources.append(_checked_packing(source, "packing" in values, f"data.sources[{index}]"))
     return sources
 
 
@@ -79,6 +81,17 @@ def _checked_source(source: DataSource, key: str) -> DataSource:
     if source.format == "chat" and source.overlong == "split":
         raise ConfigError(f"{key}.overlong=split is for text; a conversation cut in two loses its context. "
                           "Use truncate or drop")  # fmt: skip
+    return source
+
+
+def _checked_packing(source: DataSource, packing_set: bool, key: str) -> DataSource:
+    if source.pack_buffer < 1:
+        raise ConfigError(f"{key}.pack_buffer={source.pack_buffer}: the number of documents waiting to be "
+                          "packed, at least 1 (default 64)")  # fmt: skip
+    if packing_set and source.format == "text" and source.overlong == "split":
+        raise ConfigError(f"{key}.packing={source.packing}: with overlong=split text documents run on across "
+                          "samples (no padding to avoid); packing places whole documents: set "
+                          f"{key}.overlong=truncate or drop to use it")  # fmt: skip
     return source
 
 

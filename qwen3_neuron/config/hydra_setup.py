@@ -7,6 +7,9 @@
 - the `${tokenizer_dir:...}` resolver: `hf_assets_path`'s default, the HF dir that
   checkpointing=from_hf loads when it has a tokenizer (its weights were trained with it), else
   the tiny tokenizer.
+- the `${bundled_chat_validation:...}` resolver: data=chat's default validation set, the bundled
+  conversations' own, only while the training rows are the bundled ones and no
+  `data.val_fraction` is set: a user's own data is validated on what they name, never on ours.
 - the `${resume_or:...}` resolver: the run dir is `run.resume` when resuming, else a new one.
 - the `${new_run_only:...}` resolver: Hydra writes its record of a launch (`.hydra/`) for a new
   run only. A resume, refused or not, or a launch into a run dir that has a record already (one
@@ -55,6 +58,7 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("resume_or", _resume_or, replace=True)
     OmegaConf.register_new_resolver("new_run_only", _new_run_only, replace=True)
     OmegaConf.register_new_resolver("tokenizer_dir", _tokenizer_dir, replace=True)
+    OmegaConf.register_new_resolver("bundled_chat_validation", _bundled_chat_validation, replace=True)
 
 
 def _open_sections():
@@ -69,6 +73,12 @@ def _asset(name: str) -> str:
     if name == "dataset_name":
         return assets.DATASET_NAME
     return str(getattr(assets.asset_paths(), name))  # a dir, or a file (text_train_file, chat_train_file, ...)
+
+
+def _bundled_chat_validation(files, val_fraction: float) -> str | None:
+    if val_fraction or files != _asset("chat_train_file"):
+        return None
+    return _asset("chat_validation_file")
 
 
 # What torchtitan's HuggingFaceTokenizer opens: tokenizer.json, or a BPE's vocab.json + merges.txt.

@@ -14,7 +14,8 @@ a version string; skipped for a dry run that plans for a device that is not here
     dp_shard x cp x tp)
 
 Measured on CPU (`launch.py`, 2 gloo ranks + the CPU fixes in `devices`): FSDP and HSDP train
-as they are; on torch 2.13, TP, CP and EP train with `spmd_backend=partial_dtensor` and PP does
+as they are; on torch 2.13, TP, CP and EP train with `spmd_backend=partial_dtensor` (what the
+build picks there when the user sets no backend: `spmd_backend_for_this_torch`) and PP does
 not run; on torch 2.14 and 2.15, TP, CP and EP train with torchtitan's default `spmd_types` and
 PP trains an untied model (`model.flavor=tiny_untied`).
 """
@@ -157,7 +158,8 @@ def _model_update_message(config, world_size: int, error: str) -> str:
         return (
             f"parallelism.pipeline_parallel_degree={parallelism.pipeline_parallel_degree}: {name} ties "
             "its input and output embeddings, which torchtitan cannot split into pipeline stages "
-            f"(\"{error}\"). Use FSDP/TP for it, or an untied model."
+            f"(\"{error}\"). Use FSDP/TP for it, or an untied model"
+            + (" (model.flavor=tiny_untied is the tiny one untied)." if spec.flavor == "tiny" else ".")
         )
     if "RoPE maximum" in error:
         return f"training.seq_len={config.training.seq_len} is too long for {name}: {error}"
@@ -309,6 +311,17 @@ def spmd_backend_note(dims, parallelism) -> str | None:
         return f"parallelism.spmd_backend={backend} ({used}): this torch's FSDP takes it; no partial_dtensor workaround."
     return (f"parallelism.spmd_backend={backend} ({used}): the partial_dtensor workaround, needed here "
             "(this torch's FSDP cannot take spmd_types parameters).")
+
+
+def spmd_backend_for_this_torch(parallelism, model_kind: str) -> str | None:
+    """`partial_dtensor` where torchtitan's default `spmd_types` cannot run TP/CP/EP on this
+    machine's torch (< 2.14) and the model takes it (model=hf accepts spmd_types only: its plan
+    refuses, naming FSDP/HSDP); None where the default runs. For a user who sets no backend."""
+    degrees = (parallelism.tensor_parallel_degree, parallelism.context_parallel_degree,
+               parallelism.expert_parallel_degree)  # fmt: skip
+    if model_kind == "hf" or max(degrees) <= 1 or _fsdp_takes_spmd_types():
+        return None
+    return "partial_dtensor"
 
 
 def _check_spmd_backend(dims, parallelism, shape: ModelShape) -> None:

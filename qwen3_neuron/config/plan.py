@@ -57,6 +57,7 @@ class Plan:
     parameters: dict[str, int] = field(default_factory=dict)  # trainable_parameters, total_parameters
     compile_cache: str | None = None  # device=neuron: the NEFF cache dir and where that choice came from
     static_shapes: str | None = None  # device=neuron + compile: what the static-shape check covered
+    refusal: str | None = None  # a dry run's plan that a launch would refuse: why (it does not fit)
 
     @property
     def device(self) -> str:
@@ -126,11 +127,17 @@ def make_plan(
         notes.extend(_check_lora(config, settings, world_size, warn))
     parameters = parameter_counts(config)
     memory = estimate_memory(config, world_size, device, nproc)
-    check_fit(memory, config, settings.run.memory_check, warn=warn)
+    refusal = None
+    try:
+        check_fit(memory, config, settings.run.memory_check, warn=warn)
+    except ConfigError as e:
+        if not settings.run.dry_run:
+            raise
+        refusal = str(e)  # a dry run shows the plan for another machine first, then this verdict
     compile_cache = _compile_cache(settings, launch, notes)
     job = _job(composed, device, model_dir, launch.env.get(devices.NEFF_CACHE_ENV))
     return Plan(
-        settings, launch, config, replacements, job, notes, memory, parameters, compile_cache, static_shapes,
+        settings, launch, config, replacements, job, notes, memory, parameters, compile_cache, static_shapes, refusal,
     )  # fmt: skip
 
 

@@ -21,7 +21,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from qwen3_neuron.hf_io.export import exports_hf
-from qwen3_neuron.run_dir import EXPORT_FILE, FAILURE_FILE, JOB_FILE, MEMORY_ESTIMATE_FILE, PlannedRun, write_json
+from qwen3_neuron.run_dir import (
+    EXPORT_FILE, FAILURE_FILE, JOB_FILE, MEMORY_ESTIMATE_FILE, TRAINER_CONFIG_FILE, PlannedRun, write_json,
+)  # fmt: skip
 
 PACKAGES = ("torch", "torchtitan", "transformers", "hydra-core", "omegaconf", "safetensors", "tokenizers")
 
@@ -63,7 +65,7 @@ def write_record(run_dir: Path, job: dict[str, Any], plan) -> None:
     for earlier in (FAILURE_FILE, EXPORT_FILE):  # a resumed run starts with a clean slate
         (run_dir / earlier).unlink(missing_ok=True)
     OmegaConf.save(OmegaConf.create(job), run_dir / JOB_FILE)
-    (run_dir / "trainer_config.json").write_text(
+    (run_dir / TRAINER_CONFIG_FILE).write_text(
         json.dumps(plan.trainer_config.to_dict(), indent=2, default=repr) + "\n"
     )
     (run_dir / "command.sh").write_text(f"#!/bin/sh\n{plan.command_line()}\n")

@@ -14,6 +14,7 @@ complete one whose files do not match its `.metadata` is skipped too (`worker.ch
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,7 +22,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.run_dir import JOB_FILE, complete_steps, read_job
+from qwen3_neuron.run_dir import JOB_FILE, TRAINER_CONFIG_FILE, complete_steps, read_job
 
 CHANGEABLE_ON_RESUME = ("run", "training.steps", "checkpoint.load_step", "hydra", "eval")
 
@@ -33,13 +34,13 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
     if not (run_dir / JOB_FILE).exists():
         raise ConfigError(f"run.resume={run_dir}: not a run dir of this project (no {JOB_FILE}).")
     recorded = read_job(run_dir)
-    folder = run_dir / recorded.get("checkpoint", {}).get("folder", "checkpoint")
+    folder = checkpoint_folder(run_dir, recorded)
     if not complete_steps(folder):
         raise ConfigError(
             f"run.resume={run_dir}: no complete checkpoint in {folder}. "
             "Checkpoints are written with checkpointing=periodic (every checkpoint.interval steps)."
         )
-    _refuse_changes(recorded, composed, typed_overrides)
+    _refuse_changes(run_dir, recorded, composed, typed_overrides)
     resumed = copy.deepcopy(recorded)
     resumed["run"] = dict(composed["run"])
     resumed["training"]["steps"] = composed["training"]["steps"] if _typed("training.steps", typed_overrides) else recorded["training"]["steps"]
@@ -51,18 +52,40 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
     return resumed
 
 
-def _refuse_changes(recorded: Mapping, composed: Mapping, typed_overrides: list[str]) -> None:
+def checkpoint_folder(run_dir: Path, config: Mapping) -> Path:
+    return run_dir / config.get("checkpoint", {}).get("folder", "checkpoint")
+
+
+def resume_step(run_dir: Path, resumed: Mapping) -> int:
+    """The step a resumed config continues from: `checkpoint.load_step`, else the newest complete
+    checkpoint (the plan sets a damaged one aside and names the one it loads)."""
+    load_step = resumed["checkpoint"]["load_step"]
+    return load_step if load_step != -1 else complete_steps(checkpoint_folder(run_dir, resumed))[-1]
+
+
+def _refuse_changes(run_dir: Path, recorded: Mapping, composed: Mapping, typed_overrides: list[str]) -> None:
     for key in _typed_keys(typed_overrides):
         if key.startswith(CHANGEABLE_ON_RESUME):
             continue
         before = OmegaConf.select(OmegaConf.create(recorded), key, default=None)
         after = OmegaConf.select(OmegaConf.create(dict(composed)), key, default=None)
         if _plain(before) != _plain(after):
+            shown = repr(_plain(before)) if before is not None else _trained_value(run_dir, key)
             raise ConfigError(
                 f"run.resume continues the recorded config, but this command changes '{key}' "
-                f"({_plain(before)!r} -> {_plain(after)!r}). Only run.*, training.steps, "
+                f"({shown} -> {_plain(after)!r}). Only run.*, training.steps, "
                 "checkpoint.load_step and eval.* may change."
             )
+
+
+def _trained_value(run_dir: Path, key: str) -> str:
+    """What the run trained with where job.yaml leaves `key` to the base config function: the
+    recorded torchtitan config's value (optimizer.<name>: the first param group's)."""
+    trained = OmegaConf.create(json.loads((run_dir / TRAINER_CONFIG_FILE).read_text()))
+    section, _, name = key.partition(".")
+    groups = trained.optimizer.get("param_groups") if section == "optimizer" else None
+    value = groups[0].optimizer_kwargs.get(name) if groups else OmegaConf.select(trained, key, default=None)
+    return f"{_plain(value)!r}, the base config function's default" if value is not None else "unset"
 
 
 def _typed(key: str, typed_overrides: list[str]) -> bool:

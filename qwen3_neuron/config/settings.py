@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from qwen3_neuron.config.fields import apply_fields
+from qwen3_neuron.data.sources import resolve_files
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.eval.objective import check_objective
 from qwen3_neuron.eval.settings import EvalSettings
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
+
+MOE_KERNELS = "qwen3_neuron.kernels.moe."  # factories replacing MoE experts (kernels=blockwise|nki)
 
 
 @dataclass(kw_only=True)
@@ -106,13 +109,15 @@ class RunSettings:
     when checkpointing is on)."""
 
     dry_run: bool = False
-    """Print the final torchtitan config and torchrun command, write the run record, start nothing."""
+    """Print the plan (model, layout, torchrun command, then the memory verdict) and write the run
+    record, start nothing; the exit code is 2 when a launch would refuse this plan (it does not fit)."""
 
     resume: str | None = None
     """A run dir to continue from its newest complete checkpoint, with the config it recorded."""
 
     verbose: bool = False
-    """Show torchtitan's full log on screen; otherwise one progress line per job (train.log has it all)."""
+    """Show torchtitan's full log on screen (and a dry run's full config); otherwise one progress
+    line per job (train.log has it all)."""
 
     stop_on_failure: bool = False
     """Multirun: stop the sweep at the first failed job instead of recording it and going on."""
@@ -212,6 +217,17 @@ class DataSettings:
     it, or split it into seq_len windows (text only: a conversation cut in two loses its
     context). Every case is counted in the log and summary.json (data_stats)."""
 
+    packing: Literal["best_fit", "greedy", "none"] = "best_fit"
+    """How whole documents (chat; text with overlong truncate|drop) fill training.seq_len samples:
+    best_fit: best-fit decreasing over `pack_buffer` waiting documents (what does not fit waits
+    for a later sample); greedy: in order, a sample that cannot take the next document is padded;
+    none: one document per sample. Text with overlong=split runs documents on across samples
+    instead (no padding). summary.json's packing_efficiency: the share of tokens not padding."""
+
+    pack_buffer: int = 64
+    """packing=best_fit: how many documents wait to be placed; each rank holds that many (in its
+    checkpoints too). 64 packs bench/packing.py's sets as well as 128 does."""
+
     streaming: bool = False
     """Stream rows instead of reading them map-style (corpora larger than memory)."""
 
@@ -295,6 +311,11 @@ def check_settings(settings: Settings, device: str) -> None:
     if model.kind != "moe" and stray:
         raise ConfigError(f"model.{stray[0]} applies to model=moe only (this is model={model.kind}).")
     kernels = settings.kernels
+    if kernels.factories and model.kind != "moe" and all(f.startswith(MOE_KERNELS) for f in kernels.factories):
+        raise ConfigError(
+            f"kernels={kernels.name} replaces the experts of torchtitan's MoE layers, and model={model.kind} "
+            "has none: use model=moe (e.g. model=moe kernels=blockwise), or kernels=none."
+        )
     if device not in kernels.devices:
         raise ConfigError(
             f"kernels={kernels.name} needs device {' or '.join(kernels.devices)}, "
@@ -302,7 +323,22 @@ def check_settings(settings: Settings, device: str) -> None:
         )
     if settings.finetune.method == "lora":
         _check_lora_numbers(settings.finetune)
+    _check_data_files(settings.data)
     check_objective(settings.run.objective, settings.eval)
+
+
+def _check_data_files(data: DataSettings) -> None:
+    """Local data files that are not there, named before anything imports torchtitan or datasets
+    (the plan reads their first rows later)."""
+    if data.kind not in ("text", "chat", "mix"):
+        return
+    named = {"data.files": data.files, "data.val_files": data.val_files}
+    if data.kind == "mix":
+        named = {"data.val_files": data.val_files}
+        named.update({f"data.sources[{i}].files": source.get("files") for i, source in enumerate(data.sources)})
+    for key, files in named.items():
+        if files:
+            resolve_files(files, key)
 
 
 def _check_lora_numbers(finetune: FinetuneSettings) -> None:

@@ -49,7 +49,13 @@ def worker_launch(settings, run_dir: Path) -> WorkerLaunch:
     except DeviceUnavailableError as e:
         raise ConfigError(f"device.type={settings.device.type}: {e}") from e
     nproc = settings.run.nproc_per_node
-    nproc = devices.default_nproc(device) if nproc is None else nproc
+    if nproc is None:
+        nproc = devices.default_nproc(device)
+        if nproc < 1:  # a dry run for GPUs that are not here
+            raise ConfigError(
+                f"device={device}: no {device} device here to count ranks from; set run.nproc_per_node=N "
+                "(devices per node) to plan for N of them."
+            )
     if nproc < 1:
         raise ConfigError(f"run.nproc_per_node must be >= 1, got {nproc}.")
     command = [

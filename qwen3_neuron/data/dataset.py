@@ -7,9 +7,11 @@ read position (row index, or `datasets`' own stream state when streaming), the p
 the samples packed but not yet handed out, and the counts below, so a resumed run continues with
 the very next sample.
 
-Counts (`stats`): rows read, documents packed, overlong documents truncated / dropped / split,
-rows skipped because they are not a conversation, label tokens, padding tokens. An overlong or
-skipped row is logged (the first, then at each power of two) and the counts reach summary.json.
+Counts (`stats`): rows read, documents read, overlong documents truncated / dropped / split,
+rows skipped because they are not a conversation; and of the samples handed out, their tokens,
+the tokens with a loss and the padding. `data_stats()` adds the documents still waiting in the
+packer. An overlong or skipped row is logged (the first, then at each power of two) and the
+counts reach summary.json.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from torchtitan.tools.logging import logger
 
 from qwen3_neuron.data import sources
 from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_conversation
-from qwen3_neuron.data.packing import Packer, document, fit
+from qwen3_neuron.data.packing import Packer, Sample, document, fit
 
-STAT_NAMES = ("rows", "documents", "truncated", "dropped", "split", "skipped", "label_tokens", "padding_tokens")
+STAT_NAMES = (
+    "rows", "documents", "truncated", "dropped", "split", "skipped", "tokens", "label_tokens", "padding_tokens",
+)  # fmt: skip
 
 
 @dataclass(kw_only=True, slots=True)
@@ -52,6 +56,8 @@ class DataSource:
     system_field: str | None = None
     train_on_prompt: bool = False
     overlong: Literal["truncate", "drop", "split"] = "truncate"
+    packing: Literal["best_fit", "greedy", "none"] = "best_fit"
+    pack_buffer: int = 64
     val_fraction: float = 0.0
     weight: float = 1.0
 
@@ -82,8 +88,8 @@ class PackedDataset(IterableDataset, Stateful):
         self._chat = ChatRenderer(tokenizer, source.train_on_prompt) if source.format == "chat" else None
         pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         flow = source.format == "text" and source.overlong == "split"
-        self._packer = Packer(seq_len, pad_id, "flow" if flow else "pad")
-        self._ready: list[tuple[list[int], list[int], list[int]]] = []  # packed, not yet handed out
+        self._packer = Packer(seq_len, pad_id, "flow" if flow else source.packing, source.pack_buffer)
+        self._ready: list[Sample] = []  # packed, not yet handed out
         self._sample_idx = 0
         self._epoch = 0
         self.stats = dict.fromkeys(STAT_NAMES, 0)
@@ -121,7 +127,6 @@ class PackedDataset(IterableDataset, Stateful):
         if len(inputs) == 0:
             return None
         self.stats["documents"] += 1
-        self.stats["label_tokens"] += sum(label != IGNORE_INDEX for label in labels)
         return inputs, labels
 
     def _count(self, stat: str, message: str) -> None:
@@ -159,9 +164,9 @@ class PackedDataset(IterableDataset, Stateful):
                     f"data source {self.source.name()}: none of the {rows_this_epoch} rows of rank {self.rank} "
                     f"became a document (counts: {self.stats}); raise training.seq_len or see data.overlong"
                 )
-            self._ready += self._packer.flush()
-            yield from self._hand_out()
             if not self.infinite:
+                self._ready += self._packer.flush()
+                yield from self._hand_out()
                 logger.warning(f"[qwen3-neuron data] {self.source.name()}: out of data on rank {self.rank}")
                 return
             if rows_this_epoch == 0 and self._sample_idx == 0:
@@ -169,16 +174,23 @@ class PackedDataset(IterableDataset, Stateful):
                     f"data source {self.source.name()} has no rows for data-parallel rank {self.rank} "
                     "(fewer rows than ranks, or an empty carve)"
                 )
-            self.reloop()
+            self.reloop()  # what the packer holds waits for the next pass's documents
 
     def _hand_out(self):
         while self._ready:
-            inputs, labels, positions = self._ready.pop(0)
-            self.stats["padding_tokens"] = self._packer.padding
+            inputs, labels, positions, padding = self._ready.pop(0)
+            self.stats["tokens"] += len(inputs)
+            self.stats["label_tokens"] += sum(label != IGNORE_INDEX for label in labels)
+            self.stats["padding_tokens"] += padding
             yield (
                 {"input": torch.tensor(inputs, dtype=torch.long), "positions": torch.tensor(positions, dtype=torch.long)},
                 torch.tensor(labels, dtype=torch.long),
             )
+
+    def data_stats(self) -> dict[str, int]:
+        """`stats`, and the documents read but not yet (or not wholly) in a sample handed out."""
+        ready = sum(positions.count(0) - (padding > 0) for _, _, positions, padding in self._ready)
+        return {**self.stats, "buffered_documents": self._packer.waiting_documents() + ready}
 
     def reloop(self) -> None:
         import datasets

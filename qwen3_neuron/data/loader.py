@@ -15,7 +15,7 @@ from typing import Literal
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets.interleaved import InterleavedDataset
 
-from qwen3_neuron.data.dataset import STAT_NAMES, DataSource, PackedDataset
+from qwen3_neuron.data.dataset import DataSource, PackedDataset
 
 
 class PackedDataLoader(ParallelAwareDataloader):
@@ -82,7 +82,8 @@ class PackedDataLoader(ParallelAwareDataloader):
         then live in the worker processes, which keep their own counts)."""
         if self._num_workers_in_use():
             return None
-        return {name: sum(d.stats[name] for d in self.packed_datasets) for name in STAT_NAMES}
+        per_source = [d.data_stats() for d in self.packed_datasets]
+        return {name: sum(stats[name] for stats in per_source) for name in per_source[0]}
 
     def _num_workers_in_use(self) -> int:
         return getattr(self, "num_workers", 0)

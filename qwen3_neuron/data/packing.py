@@ -7,24 +7,41 @@ restart at 0 with every document: torchtitan builds the block-causal attention m
 (`Decoder.get_attention_masks(positions)`), so document boundaries never depend on scanning the
 tokens for EOS, which Qwen3's chat template writes after every turn.
 
-Two layouts, both exactly `seq_len` per sample (static shapes, as Neuron's compiler needs):
+Every sample is exactly `seq_len` (static shapes, as Neuron's compiler needs). How documents are
+placed (`data.packing`, for documents kept whole: chat, and text truncated or dropped when too
+long):
 
-- `pad`: a document never crosses a sample; a sample that cannot take the next document is
-  padded (pad id, no labels, its own positions) and emitted. Chat, and text that is truncated or
-  dropped when too long.
-- `flow`: documents run on into the next sample, as torchtitan's text data set does; a document
-  continued there starts again at position 0. Pretraining text (`data.overlong=split`).
+- `best_fit` (the default): documents wait in a buffer of `data.pack_buffer` of them. Once it is
+  full, one sample is filled from it by best-fit decreasing: the longest waiting document, then
+  again and again the longest that still fits the space left (the one that leaves the least),
+  until none does; the rest of the sample is padding, and what did not fit waits for a later
+  sample. The buffer's contents are part of the state: a resume continues with the same samples.
+- `greedy`: documents in their order; a sample that cannot take the next one is padded and
+  emitted (torchtitan's ChatDataset packs so).
+- `none`: one document per sample, padded.
+
+Text with `data.overlong=split` flows instead (`flow`): documents run on into the next sample,
+as torchtitan's text data set does, a document continued there starting again at position 0;
+no sample is padded but the very last.
+
+The packer places pieces: a piece is one document, or several (their positions each restarting
+at 0) that must land in one sample; best fit places a piece by its whole length.
 
 A document longer than `seq_len` is handled before it gets here (`fit`).
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from dataclasses import dataclass, field
 
 from torchtitan.components.loss import IGNORE_INDEX
 
 OVERLONG = ("truncate", "drop", "split")
+
+# (inputs, labels, positions, padding): one seq_len sample and how many of its tokens are padding
+Sample = tuple[list[int], list[int], list[int], int]
+Piece = tuple[list[int], list[int], list[int]]  # (inputs, labels, positions) placed together
 
 
 def document(tokens: list[int], trained: list[bool]) -> tuple[list[int], list[int]]:
@@ -47,50 +64,81 @@ def fit(inputs: list[int], labels: list[int], seq_len: int, overlong: str) -> tu
 class Packer:
     seq_len: int
     pad_id: int
-    layout: str = "pad"  # "pad" | "flow"
+    packing: str = "best_fit"  # best_fit | greedy | none (data.packing), or flow
+    buffer_size: int = 64  # best_fit: documents waiting before a sample is filled from them
+    waiting: list[Piece] = field(default_factory=list)  # best_fit: longest first, in arrival order among equals
+    # greedy / flow: the sample being filled
     inputs: list[int] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
-    padding: int = 0  # pad tokens written so far
 
-    def add(self, inputs: list[int], labels: list[int]) -> list[tuple[list[int], list[int], list[int]]]:
-        """Add one document; return the samples it completed, (inputs, labels, positions) each."""
+    def add(self, inputs: list[int], labels: list[int]) -> list[Sample]:
+        """Add one document; return the samples it completed."""
+        return self._place((inputs, labels, list(range(len(inputs)))))
+
+    def flush(self) -> list[Sample]:
+        """Every sample still to make of what is buffered (end of the data), padded."""
         done = []
-        if self.layout == "pad" and self.inputs and len(self.inputs) + len(inputs) > self.seq_len:
-            done.append(self._padded())
-        self.inputs += inputs
-        self.labels += labels
-        self.positions += range(len(inputs))
+        while self.waiting:
+            done.append(self._best_fit())
+        if not self.inputs:
+            return done
+        done.append(self._padded(self.inputs, self.labels, self.positions))
+        self.inputs, self.labels, self.positions = [], [], []
+        return done
+
+    def waiting_documents(self) -> int:
+        """Documents read but not yet (or not wholly) in a sample."""
+        return sum(positions.count(0) for _, _, positions in self.waiting) + self.positions.count(0)
+
+    def _place(self, piece: Piece) -> list[Sample]:
+        if self.packing == "best_fit":
+            insort(self.waiting, piece, key=lambda p: -len(p[0]))
+            return [self._best_fit()] if len(self.waiting) >= self.buffer_size else []
+        if self.packing == "none":
+            return [self._padded(*piece)]
+        overflows = self.inputs and len(self.inputs) + len(piece[0]) > self.seq_len
+        done = self.flush() if self.packing == "greedy" and overflows else []
+        self.inputs += piece[0]
+        self.labels += piece[1]
+        self.positions += piece[2]
         while len(self.inputs) >= self.seq_len:
             done.append(self._take(self.seq_len))
         return done
 
-    def flush(self) -> list[tuple[list[int], list[int], list[int]]]:
-        """The last, padded sample of what is buffered (end of the data)."""
-        return [self._padded()] if self.inputs else []
+    def _best_fit(self) -> Sample:
+        """One sample from the waiting pieces, longest first, each that still fits (the buffer is
+        sorted longest first, so the first that fits is the best fit of the space left)."""
+        space, chosen, left = self.seq_len, [], []
+        for piece in self.waiting:
+            if len(piece[0]) <= space:
+                chosen.append(piece)
+                space -= len(piece[0])
+            else:
+                left.append(piece)
+        self.waiting = left
+        inputs, labels, positions = ([token for piece in chosen for token in piece[i]] for i in range(3))
+        return self._padded(inputs, labels, positions)
 
-    def _padded(self):
-        pad = self.seq_len - len(self.inputs)
-        self.padding += pad
-        self.inputs += [self.pad_id] * pad
-        self.labels += [IGNORE_INDEX] * pad
-        self.positions += range(pad)  # a document of its own: real tokens never attend to padding
-        return self._take(self.seq_len)
+    def _padded(self, inputs: list[int], labels: list[int], positions: list[int]) -> Sample:
+        pad = self.seq_len - len(inputs)
+        # the padding is a document of its own: real tokens never attend to it
+        return inputs + [self.pad_id] * pad, labels + [IGNORE_INDEX] * pad, positions + list(range(pad)), pad
 
-    def _take(self, n: int):
-        sample = (self.inputs[:n], self.labels[:n], _restart(self.positions[:n]))
+    def _take(self, n: int) -> Sample:
+        sample = (self.inputs[:n], self.labels[:n], _restart(self.positions[:n]), 0)
         self.inputs, self.labels = self.inputs[n:], self.labels[n:]
         self.positions = _restart(self.positions[n:])
         return sample
 
     def state_dict(self) -> dict:
-        # copies: the buffers grow in place after the state is taken
-        return {"inputs": list(self.inputs), "labels": list(self.labels), "positions": list(self.positions),
-                "padding": self.padding}  # fmt: skip
+        # copies: the lists grow in place after the state is taken (waiting pieces never change)
+        return {"waiting": list(self.waiting), "inputs": list(self.inputs), "labels": list(self.labels),
+                "positions": list(self.positions)}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
+        self.waiting = [tuple(piece) for piece in state["waiting"]]
         self.inputs, self.labels, self.positions = list(state["inputs"]), list(state["labels"]), list(state["positions"])
-        self.padding = state["padding"]
 
 
 def _restart(positions: list[int]) -> list[int]:

@@ -31,11 +31,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from qwen3_neuron.config.hydra_setup import register_resolvers
 from qwen3_neuron.config.record import record_plan
-from qwen3_neuron.config.resume import resumed_config
+from qwen3_neuron.config.resume import resume_step, resumed_config
 from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.errors import ConfigError, RunDirInUse
 from qwen3_neuron.launch import slurm
+from qwen3_neuron.launch.console import quiet_console
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.launch.run_lock import RunDirLock
@@ -43,7 +44,7 @@ from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir
 from qwen3_neuron.report.hydra_callbacks import sweep_exit_code
 from qwen3_neuron.report.loss_check import check_first_loss
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
-from qwen3_neuron.report.summary import summarize, sweep_job_value, sweep_stop_reason, write_summary
+from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value, sweep_stop_reason, write_summary
 from qwen3_neuron.run_dir import (
     EXPORT_FILE,
     LOCK_FILE,
@@ -51,9 +52,11 @@ from qwen3_neuron.run_dir import (
     METRICS_FILE,
     RANKS_LOG_DIR,
     SUMMARY_FILE,
+    TRAINER_CONFIG_FILE,
     Handoff,
     PlannedRun,
     read_json,
+    summarize_replacements,
 )
 
 if TYPE_CHECKING:
@@ -110,6 +113,11 @@ def _run_job_in(cfg: DictConfig, job: _Job, hydra_config) -> float | None:
             if rescored is not None:  # a completed run, evaluated again: nothing trains
                 return job.finish(rescored)
             composed = resumed_config(job.run_dir, composed, list(hydra_config.overrides.task))
+            step, steps = resume_step(job.run_dir, composed), composed["training"]["steps"]
+            if step >= steps:  # the run dir, its summary included, stays as it is
+                print(f"[qwen3-neuron] run.resume: nothing left to train: its checkpoint step-{step} is at "
+                      f"training.steps={steps} (training.steps=N trains on to step N)")  # fmt: skip
+                return job.finish(0)
         composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
         settings = parse_settings(composed)  # the framework's own sections: typos need no torchtitan
         model_dir = find_model_dir(settings.model.hf_model) if settings.model.kind == "hf" else None
@@ -166,11 +174,15 @@ def _plan_only(settings: Settings, job: _Job, composed: dict, model_dir: HFModel
     """A dry run or `run.show_data`: the plan, made and recorded here (importing torchtitan)."""
     from qwen3_neuron.config.plan import make_plan  # imports torchtitan (seconds)
 
+    quiet_console(settings.run.verbose)
     plan = make_plan(composed, job.run_dir, None, model_dir)
     _evaluation(settings, composed, plan.device, None)
     record_plan(plan, job.run_dir, [])  # its warnings: printed as it made them
     if settings.run.dry_run:
-        _print_plan(plan, job.run_dir)
+        _print_plan(plan, job.run_dir, settings.run.verbose)
+        if plan.refusal:  # the record stays: the plan is what the user asked to see
+            print(f"Config error: {plan.refusal}\n(a dry run: the plan above; a launch would stop here)", file=sys.stderr)
+            return job.finish(CONFIG_ERROR_EXIT)
     else:
         _show_data(plan, settings.run.show_data)
     return job.finish(0)
@@ -281,6 +293,8 @@ class _Job:
         """`workers`: waiting for go once their plan is made; `evaluation`: lm-eval's checked
         task registry (eval=lm_eval), or None."""
         run, launch = settings.run, workers.launch
+        if planned.checkpoint.get("checkpoint_loaded"):
+            print(f"[qwen3-neuron] continuing from checkpoint {planned.checkpoint['checkpoint_loaded']} of {self.run_dir}")
         # before any worker builds: their metrics compute MFU against it
         write_run_dir_peak(self.run_dir, peak_for_run(launch.device, planned.dtype, launch.env), planned.world_size)
         progress = None
@@ -327,7 +341,8 @@ class _Job:
             summary.update(evaluate_run(self.run_dir, settings.eval, summary, device, evaluation, run.verbose))
             exit_code = exit_code or (1 if summary["eval_error"] else 0)
             write_summary(self.run_dir, summary)
-        print(f"[qwen3-neuron] {_one_line(summary)}\n[qwen3-neuron] run dir: {self.run_dir}")
+        for line in [*summary_lines(summary), f"run dir: {self.run_dir} (every figure: summary.json)"]:
+            print(f"[qwen3-neuron] {line}")
         code = exit_code or (1 if summary["status"] != "completed" else 0)
         value = None
         if not self.single_run:
@@ -337,29 +352,45 @@ class _Job:
         return self.finish(code, value)
 
 
-def _one_line(summary: dict) -> str:
-    shown = {k: v for k, v in summary.items() if k != "overrides" and v is not None}
-    return f"{summary['status']}: {json.dumps(shown)}"
+def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
+    """The plan, one line per fact; the memory verdict last (what a launch would be refused for)."""
+    from qwen3_neuron.config.layout import resolve_degrees  # torchtitan: imported by the plan already
 
+    config = plan.trainer_config
+    if verbose:
+        full = config.to_dict()
+        spec = full["model_spec"]
+        full["model_spec"] = f"{spec['name']} {spec['flavor']} (full model config: trainer_config.json)"
+        print(json.dumps(full, indent=2, default=repr))
 
-def _print_plan(plan: Plan, run_dir: Path) -> None:
-    config = plan.trainer_config.to_dict()
-    spec = config["model_spec"]
-    config["model_spec"] = f"{spec['name']} {spec['flavor']} (full model config: trainer_config.json)"
-    print(json.dumps(config, indent=2, default=repr))
-    print(f"\n[qwen3-neuron] device: {plan.device}, world size {plan.world_size}")
-    print(f"[qwen3-neuron] {plan.memory.line()}")
-    counts = plan.parameters
-    print(f"[qwen3-neuron] parameters: {counts['trainable_parameters']:,} trainable of {counts['total_parameters']:,}")
-    for line in plan.replacements:
+    def say(line: str) -> None:
         print(f"[qwen3-neuron] {line}")
+
+    counts, training, settings = plan.parameters, config.training, plan.settings
+    trainable = counts["trainable_parameters"]
+    say(f"model: {config.model_spec.name} {config.model_spec.flavor} (model={settings.model.kind}), "
+        f"{counts['total_parameters']:,} parameters, "
+        + ("all trainable" if trainable == counts["total_parameters"] else f"{trainable:,} trainable"))  # fmt: skip
+    degrees = resolve_degrees(config.parallelism, plan.world_size)
+    layout = ", ".join(
+        f"{name} {getattr(degrees, name)}" for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
+        if getattr(degrees, name) > 1
+    )  # fmt: skip
+    say(f"device: {plan.device}, world size {plan.world_size}" + (f" ({layout})" if layout else ""))
+    validation = f", validated every {config.validator.freq} steps" if config.validator.enable else ""
+    say(f"training: {training.steps} steps of {training.local_batch_size} x {training.seq_len} tokens per rank, "
+        f"data={settings.data.kind}{validation}")  # fmt: skip
+    for line in summarize_replacements(plan.replacements):
+        say(f"override: {line}")
     for line in (plan.compile_cache, plan.static_shapes):
         if line:
-            print(f"[qwen3-neuron] {line}")
+            say(line)
     for note in plan.notes:
-        print(f"[qwen3-neuron] note: {note}")
-    print(f"[qwen3-neuron] command: {plan.command_line()}")
-    print(f"[qwen3-neuron] dry run: nothing started; record in {run_dir}")
+        say(f"note: {note}")
+    say(f"command: {plan.command_line()}")
+    shown = "" if verbose else "; run.verbose=true prints it too"
+    say(f"dry run: nothing started; the full config: {run_dir / TRAINER_CONFIG_FILE}{shown}")
+    say(plan.memory.line())
 
 
 def _show_data(plan: Plan, count: int) -> None:

@@ -5,7 +5,8 @@
 (`val`: the last validation loss, when the run validates.)
 
 A thread polls the file (every 0.5 s) while torchrun runs. On a terminal the line is rewritten in
-place (`\\r`); otherwise (a pipe, a CI log) one plain line is printed per logged step. The numbers
+place (`\\r`); otherwise (a pipe, a CI log) one plain line is printed per logged step, once the
+next step's record (or the end) shows that step complete with its validation, if any. The numbers
 are the ones torchtitan logged (see qwen3_neuron.worker.metrics); torchtitan's full log is in the run
 dir's train.log, and on screen with run.verbose=true instead of this line.
 """
@@ -42,6 +43,7 @@ class Progress:
         self._first: dict[str, Any] | None = None
         self._last: dict[str, Any] | None = None
         self._val_loss: float | None = None  # the last validation's
+        self._unprinted = False  # not on a terminal: the last step's line is still to print
         self._start = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
@@ -65,21 +67,19 @@ class Progress:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        new = self._poll()
+        self._poll()
         if self._tty:
             self._draw(self.line())
             self._stream.write("\n")
             self._stream.flush()
-        elif new:
+        elif self._unprinted:
             self._emit(self.line())
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
-            new = self._poll()
+            self._poll()
             if self._tty:
                 self._draw(self.line())  # redrawn even without news: the clock moves
-            elif new:
-                self._emit(self.line())
 
     def _poll(self) -> bool:
         """Read records appended since the last poll; True when there were any."""
@@ -97,14 +97,15 @@ class Progress:
                 records.append(json.loads(line))
             except ValueError:
                 continue
-        validations = [r for r in records if "val_loss" in r]
-        if validations:
-            self._val_loss = validations[-1]["val_loss"]
-        records = [r for r in records if "loss" in r]  # training steps
-        if records:
-            self._first = self._first or records[0]
-            self._last = records[-1]
-        return bool(records or validations)
+        for record in records:  # in the order logged: a step's validation follows its training record
+            if "val_loss" in record:
+                self._val_loss = record["val_loss"]
+            if "loss" in record:  # a training step: the one before it is complete
+                if self._unprinted:
+                    self._emit(self.line())
+                self._first = self._first or record
+                self._last, self._unprinted = record, not self._tty
+        return bool(records)
 
     def line(self) -> str:
         label = f" {self._label}" if self._label else ""

@@ -42,6 +42,7 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
     flops_per_token = records[-1].get("flops_per_token") if records else None
     peak = read_json(run_dir / PEAK_FLOPS_FILE)
     failure = read_json(run_dir / FAILURE_FILE) or {}
+    data_stats = read_data_stats(run_dir)
     summary = {
         "status": status,
         "steps": records[-1]["step"] if records else 0,
@@ -52,7 +53,9 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "val_perplexity": validations[-1]["val_perplexity"] if validations else None,
         "val_step": validations[-1]["step"] if validations else None,
         # data=text|chat|mix: what the ranks read and packed, and every overlong document's fate
-        "data_stats": read_data_stats(run_dir),
+        "data_stats": data_stats,
+        # of the tokens trained on, the share that is not padding (data_stats'; the sweep table's column)
+        "packing_efficiency": data_stats["packing_efficiency"] if data_stats else None,
         "tokens_per_second": tokens_per_second,
         # torchtitan's share of step time spent waiting for the next batch, %, median after step 1
         "data_wait_pct": statistics.median(waits) if waits else None,
@@ -115,6 +118,37 @@ def exception_line(text: str) -> str | None:
         elif in_traceback and line.strip() and not line[0].isspace():
             return line.strip()[:500]
     return None
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """How the run ended, for the screen: a few labelled lines (summary.json has every figure)."""
+    lines = [f"{summary['status']}: {summary['steps']} steps in {summary['wall_seconds']:.1f} s"]
+    if summary["first_loss"] is not None:
+        lines[0] += f"; loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}"
+    if summary.get("val_loss") is not None:
+        lines[0] += f" (validation {summary['val_loss']:.4f} at step {summary['val_step']})"
+    if summary.get("checkpoint_loaded"):
+        lines[0] += f"; continued from checkpoint {summary['checkpoint_loaded']}"
+    speed = []
+    if summary.get("tokens_per_second") is not None:
+        speed.append(f"{summary['tokens_per_second']:,.0f} tok/s")
+    if summary.get("mfu") is not None:
+        speed.append(f"mfu {100 * summary['mfu']:.2f}%")
+    memory = [f"{label} {summary[key]:.3g} GiB" for key, label in
+              (("peak_memory_gib", "peak"), ("tensor_memory_gib", "tensors"), ("memory_estimate_gib", "estimate"))
+              if summary.get(key) is not None]  # fmt: skip
+    if speed or memory:
+        lines.append("speed: " + (", ".join(speed) or "-") + "; memory per rank: " + (", ".join(memory) or "-"))
+    for key, label in (("export_dir", "HF export"), ("adapter_dir", "PEFT adapter"), ("error", "error")):
+        if summary.get(key):
+            lines.append(f"{label}: {summary[key]}")
+    scores = [f"{task} {metric} {value:.4g}" for task, metrics in (summary.get("eval") or {}).items()
+              for metric, value in metrics.items()]  # fmt: skip
+    if scores:
+        lines.append(f"lm-eval ({summary['eval_seconds']:.0f} s): " + "; ".join(scores))
+    if summary.get("eval_error"):
+        lines.append(f"eval error (the run and its export are kept): {summary['eval_error']}")
+    return lines
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:

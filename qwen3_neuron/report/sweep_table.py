@@ -4,9 +4,9 @@
 
 writes, into the sweep dir:
 - `summary.csv`: one row per job: the job number, the overrides whose values differ between
-  jobs, then `status, steps, first_loss, final_loss, val_loss, tokens_per_second, mfu,
-  peak_memory_gib, wall_seconds`, an `eval.<task>.<metric>` column per lm-eval score (eval=lm_eval),
-  `error`, exactly as in the job's summary.json, and the job's run dir;
+  jobs, then `status, steps, first_loss, final_loss, val_loss, tokens_per_second,
+  packing_efficiency, mfu, peak_memory_gib, wall_seconds`, an `eval.<task>.<metric>` column per
+  lm-eval score (eval=lm_eval), `error`, exactly as in the job's summary.json, and the job's run dir;
 - `summary.md`: the same table for people (rounded, MFU in %), plus Optuna's best trial when the
   sweep was an Optuna study;
 - `loss.png`: every job's loss curve from its metrics.jsonl, labelled by its overrides (a failed
@@ -42,7 +42,7 @@ OPTUNA_RESULTS = "optimization_results.yaml"  # hydra-optuna-sweeper's, in the s
 
 COLUMNS = (
     "status", "steps", "first_loss", "final_loss", "val_loss", "tokens_per_second",
-    "mfu", "peak_memory_gib", "wall_seconds", "error",
+    "packing_efficiency", "mfu", "peak_memory_gib", "wall_seconds", "error",
 )  # fmt: skip
 
 
@@ -182,7 +182,8 @@ def render_markdown(report: SweepReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-_NUMERIC = {"steps", "first_loss", "final_loss", "val_loss", "tokens_per_second", "mfu", "peak_memory_gib", "wall_seconds"}
+_NUMERIC = {"steps", "first_loss", "final_loss", "val_loss", "tokens_per_second", "packing_efficiency", "mfu",
+            "peak_memory_gib", "wall_seconds"}  # fmt: skip
 
 
 def _format(column: str, value: Any) -> str:
@@ -199,7 +200,7 @@ def _format(column: str, value: Any) -> str:
         return f"{100 * value:.3g}%"
     if column == "tokens_per_second":
         return f"{value:,.0f}"
-    if column in ("first_loss", "final_loss", "val_loss"):
+    if column in ("first_loss", "final_loss", "val_loss", "packing_efficiency"):
         return f"{value:.4f}"
     if column == "peak_memory_gib" or column.startswith(EVAL_PREFIX):
         return f"{value:.3f}"

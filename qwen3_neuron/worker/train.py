@@ -23,6 +23,7 @@ from qwen3_neuron.run_dir import (
     FAILURE_FILE,
     Handoff,
     complete_steps,
+    packing_efficiency,
     read_job,
     write_data_stats,
     write_json,
@@ -122,7 +123,11 @@ def _record_data_stats(trainer, run_dir: Path, logger) -> None:
         return
     rank = int(os.environ.get("RANK", "0"))
     write_data_stats(run_dir, rank, stats)
-    logger.info(f"[qwen3-neuron data] rank {rank}: " + ", ".join(f"{k} {v:,}" for k, v in stats.items()))
+    counts = ", ".join(f"{k} {v:,}" for k, v in stats.items())
+    efficiency = packing_efficiency(stats)
+    if efficiency is not None:
+        counts += f", packing efficiency {efficiency:.4f}"
+    logger.info(f"[qwen3-neuron data] rank {rank}: {counts}")
 
 
 def _record_failure(run_dir: Path, error: Exception, config) -> None:

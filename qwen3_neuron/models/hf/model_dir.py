@@ -119,7 +119,7 @@ def resolve_model_dir(hf_model: str | None, key: str = "model.hf_model") -> Path
         raise ConfigError(
             f"{key}={hf_model}: not a local dir and not in the Hugging Face cache "
             f"({type(e).__name__}). Runs are offline (HF_HUB_OFFLINE=1): download it first "
-            f"(`huggingface-cli download {hf_model}`) or give a local dir."
+            f"(`hf download {hf_model}`) or give a local dir."
         ) from e
 
 

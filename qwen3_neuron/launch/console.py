@@ -1,0 +1,44 @@
+"""What the launcher's screen shows of the log: each message once, and torchtitan's
+information lines (the plan's `[Override]` list, tokenizer loading, ...) only with
+`run.verbose=true`. Hydra's `launch.log` in the run dir keeps every line either way.
+
+A plan made here (dry run, `run.show_data`) builds the config more than once, and torchtitan
+logs its findings each time; its INFO lines go through the root logger, as Hydra's own lines
+do not.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+
+class _Quiet(logging.Filter):
+    def __init__(self, verbose: bool):
+        super().__init__()
+        self.verbose = verbose
+        self.seen: set[tuple[int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.verbose and record.name == "root" and record.levelno < logging.WARNING:
+            return False
+        key = (record.levelno, record.getMessage())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+def quiet_console(verbose: bool) -> None:
+    """Filter the screen handlers Hydra set up (idempotent: a sweep's jobs call it again)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.filters = [f for f in handler.filters if not isinstance(f, _Quiet)]
+            handler.addFilter(_Quiet(verbose))
+    if not verbose:
+        # a plan made here reads the first rows: datasets' progress bars and torchdata's
+        # deprecation notice say nothing about the user's run
+        from datasets.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")

@@ -1,0 +1,85 @@
+"""Every shipped `experiment=` and group option, as a dry run plans it on the default install:
+it plans, or it is refused with the fix (what to download or set). In-process: no launch."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import compose_config
+
+from qwen3_neuron.config.hydra_setup import CONF_DIR
+from qwen3_neuron.config.layout import _schedules_take_microbatch_lists
+from qwen3_neuron.config.plan import make_plan
+from qwen3_neuron.errors import ConfigError
+
+TINY_HF = "${assets:tiny_qwen3_dir}"
+CHATS = "data.files=${assets:chat_train_file}"
+QWEN3_4B = "hf download Qwen/Qwen3-4B-Instruct-2507"
+UNTIED = ["model.flavor=tiny_untied"]  # PP splits no tied embeddings: the tiny model untied
+PP = UNTIED if _schedules_take_microbatch_lists() else (UNTIED, "pipeline_parallel_degree=2 needs torch >= 2.14")
+
+# option -> what else it needs to plan (overrides), or the text of its refusal here, or both:
+# (overrides, the refusal that remains with them)
+OPTIONS = {
+    "checkpointing=export_hf": [],
+    "checkpointing=from_hf": [f"checkpoint.initial_load_path={TINY_HF}"],
+    "checkpointing=none": [],
+    "checkpointing=periodic": [],
+    "data=c4": "hf download allenai/c4",
+    "data=chat": [],
+    "data=mix": [],
+    "data=text": [],
+    "data=tiny": [],
+    "device=auto": [],
+    "device=cpu": [],
+    "device=cuda": ["run.nproc_per_node=8"],  # a dry run plans for a device that is not here, and says so
+    "device=neuron": [],
+    "finetune=full": [],
+    "finetune=lora": ["checkpointing=from_hf", f"checkpoint.initial_load_path={TINY_HF}"],
+    "kernels=none": [],
+    "kernels=blockwise": ["model=moe"],
+    "kernels=nki": ["model=moe", "device=neuron"],
+    "model=hf": [],
+    "model=moe": [],
+    "model=native": [],
+    "parallelism=auto": [],
+    "parallelism=cp": [],
+    "parallelism=ep": ["model=moe"],
+    "parallelism=fsdp": [],
+    "parallelism=hsdp": [],
+    "parallelism=pp": PP,
+    "parallelism=tp": [],
+    "experiment=cpu_qwen3_tiny_hf": [],
+    "experiment=cpu_qwen3_tiny_lora": [],
+    "experiment=cpu_qwen3_tiny_moe": [],
+    "experiment=cpu_qwen3_tiny_native": [],
+    "experiment=cpu_qwen3_tiny_sft": [],
+    "experiment=optuna_lr": [],
+    "experiment=trn2_qwen3_4b_hf": QWEN3_4B,
+    "experiment=trn2_qwen3_4b_lora": ([CHATS], "checkpoint.initial_load_path=/fsx/models/Qwen3-4B-Instruct-2507"),
+    "experiment=trn2_qwen3_4b_native": [],
+    "experiment=trn2_qwen3_4b_sft": ([CHATS], QWEN3_4B),
+    "experiment=trn2_qwen3_moe_nki": [],
+}
+GROUPS = ("checkpointing", "data", "device", "finetune", "kernels", "model", "parallelism", "experiment")
+
+
+def test_every_shipped_option_is_listed_here():
+    shipped = {f"{group}={path.stem}" for group in GROUPS for path in (CONF_DIR / group).glob("*.yaml")}
+    assert shipped == set(OPTIONS)
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_every_option_dry_runs_on_the_default_install(tmp_path, assets, option):
+    needs, refusal = OPTIONS[option], None
+    if isinstance(needs, str):
+        needs, refusal = [], needs
+    elif isinstance(needs, tuple):
+        needs, refusal = needs
+    composed = compose_config(option, *needs, "run.dry_run=true")
+    if refusal is None:
+        make_plan(composed, tmp_path / "run")
+        return
+    with pytest.raises(ConfigError, match=re.escape(refusal)):
+        make_plan(composed, tmp_path / "run")

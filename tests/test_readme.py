@@ -1,0 +1,72 @@
+"""The README's commands as written: every `launch.py` line of its bash blocks composes and plans
+(in-process, as a dry run; a sweep, each of its jobs), in a dir holding the files the README names
+(`chats.jsonl`, `corpus/`, `alpaca.json`, `Qwen3-0.6B/`), made from the bundled assets. A README
+example that drifts from what runs fails here."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shlex
+import shutil
+
+import pytest
+import torch
+from conftest import REPO, compose_config
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from qwen3_neuron.config.plan import make_plan
+
+
+def readme_commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+    return [line for block in blocks for line in block.splitlines() if "launch.py" in line]
+
+
+@pytest.fixture
+def users_dir(tmp_path, assets, monkeypatch):
+    """Where a user runs the README's commands: their files, under the README's names."""
+    shutil.copy(assets.chat_train_file, tmp_path / "chats.jsonl")
+    (tmp_path / "corpus").mkdir()
+    shutil.copy(assets.text_train_file, tmp_path / "corpus" / "part-0.jsonl")
+    rows = [{"instruction": f"Say {n}.", "output": f"{n}"} for n in range(40)]
+    (tmp_path / "alpaca.json").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "Qwen3-0.6B").symlink_to(assets.tiny_qwen3_dir)  # what `hf download` would have put there
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_the_readme_has_commands_for_each_first_screen_task():
+    commands = " ".join(readme_commands())
+    for shown in ("data.files=chats.jsonl", "model.hf_model=Qwen3-0.6B", "-m ", "device=cuda", "trn2_qwen3"):
+        assert shown in commands
+
+
+@pytest.mark.parametrize("command", readme_commands())
+def test_every_readme_command_plans_as_written(users_dir, command):
+    for token in command.split():
+        if "=[" in token:  # zsh (macOS's shell) expands an unquoted [...]
+            assert token[0] in "'\"", f"quote {token} in the README"
+    args = shlex.split(command, comments=True)
+    args = args[args.index("launch.py") + 1 :]
+    if "--cfg" in args:
+        compose_config(*args[: args.index("--cfg")])
+        return
+    overrides = [arg for arg in args if arg != "-m"]
+    if "device=cuda" in overrides and not torch.cuda.is_available():
+        overrides.append("run.nproc_per_node=1")  # a dry run for GPUs that are not here is told how many
+    for job in sweep_jobs(overrides):
+        make_plan(compose_config(*job, "run.dry_run=true"), users_dir / "run")
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """Every job of `-m` choice sweeps (Hydra's basic sweeper); an Optuna search space is left to
+    the sweeper (its values are drawn, not listed)."""
+    choices = []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if not override.is_sweep_override():
+            choices.append([override.input_line])
+        elif not override.is_interval_sweep():
+            choices.append([f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()])
+    return [list(job) for job in itertools.product(*choices)]
