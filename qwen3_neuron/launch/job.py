@@ -123,9 +123,11 @@ def _run_job_in(cfg: DictConfig, job: _Job, hydra_config) -> float | None:
         model_dir = find_model_dir(settings.model.hf_model) if settings.model.kind == "hf" else None
         if settings.run.dry_run or settings.run.show_data:  # nothing trains: planned here, nothing started
             return _plan_only(settings, job, composed, model_dir)
-        workers = _start_workers(settings, job.run_dir, composed, model_dir)
-        # while the workers import torchtitan
-        evaluation = _evaluation(settings, composed, workers.launch.device, _sweeper_direction(hydra_config))
+        launch = worker_launch(settings, job.run_dir)
+        check_settings(settings, launch.device)  # no torchtitan needed: named before anything starts
+        # before torchrun: local rank 0 records its plan in the run dir, which a refusal leaves empty
+        evaluation = _evaluation(settings, composed, launch.device, _sweeper_direction(hydra_config))
+        workers = _start_workers(settings, launch, job.run_dir, composed, model_dir)
         planned = workers.wait_for_plan()  # local rank 0's plan
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on
         if workers is not None:
@@ -248,10 +250,10 @@ def _rank_logs(run_dir: Path) -> set[Path]:
     return {ranks, *ranks.glob("*"), *ranks.glob("*/*")}
 
 
-def _start_workers(settings: Settings, run_dir: Path, composed: dict, model_dir: HFModelDir | None) -> _Workers:
+def _start_workers(
+    settings: Settings, launch: WorkerLaunch, run_dir: Path, composed: dict, model_dir: HFModelDir | None
+) -> _Workers:
     """torchrun now, with its local rank 0 to plan: before any torchtitan import here."""
-    launch = worker_launch(settings, run_dir)
-    check_settings(settings, launch.device)  # no torchtitan needed: named before anything starts
     request = {
         "composed": composed,
         "launch": dataclasses.asdict(launch),
