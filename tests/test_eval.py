@@ -1,7 +1,8 @@
 """eval=lm_eval: what is refused before anything trains (unknown tasks with close matches, data
 not in the local cache, no export, an objective nobody evaluates), what a sweep reads of a job's
 scores (its table's columns, its objective), and an evaluation that fails keeping the run.
-The scores themselves: tests/test_chat.py (the chat SFT run against the untrained base)."""
+The scores themselves: tests/test_chat.py (the chat SFT run against the untrained base); the
+launch refusing them: tests/test_bad_inputs.py's eval rows."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import io
 import json
 
 import pytest
-from conftest import launch
 
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.eval.objective import check_objective, check_objective_metric, objective_value
@@ -88,18 +88,6 @@ def test_a_failed_evaluation_keeps_the_run_and_says_what_failed(tmp_path, regist
     fields = evaluate_run(tmp_path, CHAT_ANSWER, {"export_dir": str(tmp_path / "gone")}, "cpu", registry, verbose=False)
     assert fields["eval"] is None and fields["eval_error"].startswith("evaluation failed: ")
     assert (tmp_path / "eval" / "eval.log").exists()  # lm-eval's own words on it
-
-
-@pytest.mark.integration
-def test_the_launch_refuses_an_unknown_task_before_training_and_writes_nothing(tmp_path):
-    run_dir = tmp_path / "run"
-    result = launch(run_dir, "eval=lm_eval", "eval.tasks=[tiny_chat_anser]", "checkpointing=export_hf", timeout=300)
-    assert result.returncode == 2
-    assert (
-        "Config error: eval.tasks: unknown lm-eval task 'tiny_chat_anser'. Did you mean 'tiny_chat_answer'?"
-        in result.stderr
-    )
-    assert not run_dir.exists()
 
 
 def test_a_completed_run_resumed_with_new_eval_keys_is_evaluated_only(tmp_path):
