@@ -208,6 +208,11 @@ LAUNCH_TIME = [
     (["finetune=lora", "finetune.rank=0"], ["finetune.rank must be a positive integer, got 0"]),
     (["training.stpes=3"], ["training.stpes", "'steps'"]),
     (["training.steps=0"], ["training.steps must be a positive integer, got 0"]),
+    # eval=lm_eval: checked by the launcher before torchrun starts, the task names in lm-eval's registry
+    (["eval=lm_eval", "eval.tasks=[tiny_chat_anser]", "checkpointing=export_hf"],
+     ["eval.tasks: unknown lm-eval task 'tiny_chat_anser'. Did you mean 'tiny_chat_answer'?"]),
+    (["eval=lm_eval", "eval.tasks=[tiny_chat_answer]"], ["this run writes none: add checkpointing=export_hf"]),
+    (["run.objective=eval.tiny_chat_answer.exact_match"], ["needs an evaluation: add eval=lm_eval"]),
 ]
 
 

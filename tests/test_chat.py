@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, trained
+from conftest import REPO, launch, trained
 from test_data import spans_of
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
@@ -150,16 +151,21 @@ def write_constant_answer_sets(folder: Path, rows: int = 64) -> dict[str, Path]:
     return paths
 
 
+EVAL_CHAT_ANSWER = ("eval=lm_eval", "eval.tasks=[tiny_chat_answer]", "eval.apply_chat_template=true", "eval.batch_size=16")
+
+
 @pytest.fixture(scope="module")
 def chat_sft_run(tmp_path_factory, assets) -> Path:
-    """The tiny native Qwen3 fine-tuned on the three shapes (data=mix of chat sources), exported."""
+    """The tiny native Qwen3 fine-tuned on the three shapes (data=mix of chat sources), exported,
+    then scored by lm-eval on the project's own task (held-out questions, the same answer)."""
     files = write_constant_answer_sets(tmp_path_factory.mktemp("chat-data"))
     sources = (f"[{{files:'{files['tools']}',format:chat,weight:1}},"
                f"{{files:'{files['sharegpt']}',format:chat,messages_field:conversations,weight:2}},"
                f"{{files:'{files['alpaca']}',format:chat,prompt_field:instruction,response_field:output,weight:2}}]")  # fmt: skip
     run = tmp_path_factory.mktemp("chat-sft") / "run"
-    return trained(run, "training.seq_len=512", "training.local_batch_size=2", "data=mix", f"data.sources={sources}", "training.steps=40",
-                   "optimizer.lr=3e-3", "checkpointing=export_hf")  # fmt: skip
+    return trained(run, "training.seq_len=512", "run.nproc_per_node=1", "training.local_batch_size=4", "data=mix",
+                   f"data.sources={sources}", "training.steps=40", "optimizer.lr=3e-3", "checkpointing=export_hf",
+                   *EVAL_CHAT_ANSWER)  # fmt: skip
 
 
 def new_question(tokenizer, text: str):
@@ -202,3 +208,38 @@ def test_the_chat_command_prints_the_reply_one_shot_and_interactively(chat_sft_r
     assert session.stdout.splitlines()[1:] == [f"you> {ANSWER}", f"you> you> {ANSWER}", "you> "]
     missing = subprocess.run([*command[:-1], str(chat_sft_run / "nothing")], capture_output=True, text=True)
     assert missing.returncode == 2 and "neither an HF model dir" in missing.stderr
+
+
+@pytest.mark.integration
+def test_lm_eval_scores_the_chat_export_above_the_untrained_base(chat_sft_run, assets):
+    summary = json.loads((chat_sft_run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["eval_error"] is None
+    trained_score = summary["eval"]["tiny_chat_answer"]["exact_match"]
+    results = json.loads((chat_sft_run / "eval" / "results.json").read_text())  # lm-eval's own file
+    assert results["results"]["tiny_chat_answer"]["exact_match,none"] == trained_score
+    assert results["n-samples"]["tiny_chat_answer"]["effective"] == 16
+
+    # the same task on the untrained base, by the standalone command (an HF dir: scores on stdout)
+    base = subprocess.run([sys.executable, "-m", "qwen3_neuron.eval", str(assets.tiny_qwen3_dir), *EVAL_CHAT_ANSWER[1:]],
+                          cwd=REPO, capture_output=True, text=True, check=False)  # fmt: skip
+    assert base.returncode == 0, base.stderr[-3000:]
+    assert json.loads(base.stdout.splitlines()[-1]) == {"tiny_chat_answer": {"exact_match": 0.0}}
+    assert trained_score >= 0.9  # random weights never say "Answer: 42."; the fine-tuned model does
+
+
+@pytest.mark.integration
+def test_resuming_a_completed_run_with_new_eval_keys_evaluates_it_without_training(chat_sft_run, tmp_path):
+    run = tmp_path / "run"  # the run's summary alone (its export stays where it names): chat_sft_run stays as it is
+    run.mkdir()
+    shutil.copy(chat_sft_run / "summary.json", run)
+    before = json.loads((run / "summary.json").read_text())
+    result = launch(None, f"run.resume={run}", *EVAL_CHAT_ANSWER, "eval.limit=4", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    results = json.loads((run / "eval" / "results.json").read_text())
+    assert results["n-samples"]["tiny_chat_answer"]["effective"] == 4
+    assert summary["eval"]["tiny_chat_answer"]["exact_match"] == results["results"]["tiny_chat_answer"]["exact_match,none"]
+    assert {k: v for k, v in summary.items() if not k.startswith("eval")} == {
+        k: v for k, v in before.items() if not k.startswith("eval")
+    }  # the training's record as it was
+    assert not (run / "train.log").exists() and not (run / "metrics.jsonl").exists()  # nothing trained

@@ -1,5 +1,5 @@
 """The framework's own config sections: `model`, `kernels`, `device`, `run`, `hf`, `data`,
-`finetune`.
+`finetune`, `eval`.
 
 Everything else in the composed YAML is a torchtitan `Trainer.Config` section under torchtitan's
 own name. These dataclasses are checked by the same code (`fields.apply_fields`), so a typo or a
@@ -14,6 +14,8 @@ from typing import Any, Literal, Mapping
 from qwen3_neuron.config.fields import apply_fields
 from qwen3_neuron.data.sources import resolve_files
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.eval.objective import check_objective
+from qwen3_neuron.eval.settings import EvalSettings
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
 
 MOE_KERNELS = "qwen3_neuron.kernels.moe."  # factories replacing MoE experts (kernels=blockwise|nki)
@@ -126,10 +128,10 @@ class RunSettings:
     plan that does not fit, naming its biggest parts and what would bring it under; warn lets it
     start with a warning; off does not compare (the estimate is still recorded)."""
 
-    objective: Literal[
-        "final_loss", "first_loss", "val_loss", "tokens_per_second", "mfu", "peak_memory_gib", "wall_seconds"
-    ] = "final_loss"
-    """summary.json field a sweep job returns (Optuna's value; its direction is hydra.sweeper.direction).
+    objective: str = "final_loss"
+    """summary.json field a sweep job returns (Optuna's value; its direction is hydra.sweeper.direction):
+    final_loss, first_loss, val_loss, tokens_per_second, mfu, peak_memory_gib, wall_seconds, or
+    eval.<task>.<metric> with eval=lm_eval (e.g. eval.tiny_chat_answer.exact_match).
     val_loss: the last validation loss (needs a validation set: data.val_files or data.val_fraction)."""
 
     show_data: int = 0
@@ -280,6 +282,7 @@ class Settings:
     hf: HFSettings
     data: DataSettings
     finetune: FinetuneSettings
+    eval: EvalSettings
 
 
 # torchtitan's fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
@@ -297,6 +300,7 @@ SECTIONS: dict[str, type] = {
     "hf": HFSettings,
     "data": DataSettings,
     "finetune": FinetuneSettings,
+    "eval": EvalSettings,
 }
 
 
@@ -330,6 +334,7 @@ def check_settings(settings: Settings, device: str) -> None:
     if settings.finetune.method == "lora":
         _check_lora_numbers(settings.finetune)
     _check_data_files(settings.data)
+    check_objective(settings.run.objective, settings.eval)
 
 
 def _check_data_files(data: DataSettings) -> None:

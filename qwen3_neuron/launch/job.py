@@ -51,6 +51,7 @@ from qwen3_neuron.run_dir import (
     LOG_FILE,
     METRICS_FILE,
     RANKS_LOG_DIR,
+    SUMMARY_FILE,
     TRAINER_CONFIG_FILE,
     Handoff,
     PlannedRun,
@@ -125,6 +126,9 @@ def _run_job_in(cfg: DictConfig, hydra_job: _HydraJob, hydra_config) -> JobOutco
     try:
         composed = OmegaConf.to_container(cfg, resolve=True)
         if composed["run"]["resume"]:
+            rescored = _rescore_completed(hydra_job.run_dir, composed, list(hydra_config.overrides.task))
+            if rescored is not None:  # a completed run, evaluated again: nothing trains
+                return JobOutcome(rescored, hydra_job.single_run)
             composed = resumed_config(hydra_job.run_dir, composed, list(hydra_config.overrides.task))
             step, steps = resume_step(hydra_job.run_dir, composed), composed["training"]["steps"]
             if step >= steps:  # the run dir, its summary included, stays as it is
@@ -137,7 +141,11 @@ def _run_job_in(cfg: DictConfig, hydra_job: _HydraJob, hydra_config) -> JobOutco
         model_dir = find_model_dir(settings.model.hf_model) if settings.model.kind == "hf" else None
         if settings.run.dry_run or settings.run.show_data:  # nothing trains: planned here, nothing started
             return _plan_only(settings, hydra_job, composed, model_dir)
-        workers = _start_workers(settings, hydra_job.run_dir, composed, model_dir)
+        launch = worker_launch(settings, hydra_job.run_dir)
+        check_settings(settings, launch.device)  # no torchtitan needed: named before anything starts
+        # before torchrun: local rank 0 records its plan in the run dir, which a refusal leaves empty
+        evaluation = _evaluation(settings, composed, launch.device, _sweeper_direction(hydra_config))
+        workers = _start_workers(settings, launch, hydra_job.run_dir, composed, model_dir)
         planned = workers.wait_for_plan()  # local rank 0's plan
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on
         if workers is not None:
@@ -145,7 +153,41 @@ def _run_job_in(cfg: DictConfig, hydra_job: _HydraJob, hydra_config) -> JobOutco
         if not isinstance(e, (ConfigError, OmegaConfBaseException)):
             raise
         return hydra_job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
-    return hydra_job.train(settings, planned, workers)
+    return hydra_job.train(settings, planned, workers, evaluation)
+
+
+def _evaluation(settings: Settings, composed: dict, device: str, direction: str | None):
+    """eval=lm_eval: lm-eval's task registry with the run's tasks checked (names, cached data,
+    the objective's metric and direction) and an export planned; None for eval=none. Seconds
+    (lm-eval indexes its task YAMLs): only runs that evaluate pay them, kept for the evaluation."""
+    if settings.eval.kind == "none":
+        return None
+    from qwen3_neuron.eval.objective import PREFIX, check_objective_metric
+    from qwen3_neuron.eval.run import check_export_planned, prepare
+
+    check_export_planned(composed)
+    manager = prepare(settings.eval, device)
+    if settings.run.objective.startswith(PREFIX):
+        check_objective_metric(settings.run.objective, settings.eval, manager, direction)
+    return manager
+
+
+def _rescore_completed(run_dir: Path, composed: dict, typed_overrides: list[str]) -> int | None:
+    """run.resume of a completed run with new eval.*: its exit code once evaluated; else None."""
+    from qwen3_neuron.eval.resume import rescore_settings
+    from qwen3_neuron.eval.run import evaluation_device, local_device, rescore
+
+    settings = rescore_settings(run_dir, composed, typed_overrides)
+    if settings is None:
+        return None
+    device = evaluation_device(settings, local_device())
+    return rescore(run_dir, settings, read_json(run_dir / SUMMARY_FILE), device, bool(composed["run"]["verbose"]))
+
+
+def _sweeper_direction(hydra_config) -> str | None:
+    """Optuna's hydra.sweeper.direction (the basic sweeper has none)."""
+    direction = OmegaConf.select(hydra_config, "sweeper.direction", default=None)
+    return str(direction) if direction is not None and hydra_config.mode != RunMode.RUN else None
 
 
 def _plan_only(settings: Settings, hydra_job: _HydraJob, composed: dict, model_dir: HFModelDir | None) -> JobOutcome:
@@ -154,6 +196,7 @@ def _plan_only(settings: Settings, hydra_job: _HydraJob, composed: dict, model_d
 
     quiet_console(settings.run.verbose)
     plan = make_plan(composed, hydra_job.run_dir, None, model_dir)
+    _evaluation(settings, composed, plan.device, None)
     record_plan(plan, hydra_job.run_dir, [])  # its warnings: printed as it made them
     if settings.run.dry_run:
         _print_plan(plan, hydra_job.run_dir, settings.run.verbose)
@@ -225,10 +268,10 @@ def _rank_logs(run_dir: Path) -> set[Path]:
     return {ranks, *ranks.glob("*"), *ranks.glob("*/*")}
 
 
-def _start_workers(settings: Settings, run_dir: Path, composed: dict, model_dir: HFModelDir | None) -> _Workers:
+def _start_workers(
+    settings: Settings, launch: WorkerLaunch, run_dir: Path, composed: dict, model_dir: HFModelDir | None
+) -> _Workers:
     """torchrun now, with its local rank 0 to plan: before any torchtitan import here."""
-    launch = worker_launch(settings, run_dir)
-    check_settings(settings, launch.device)  # no torchtitan needed: named before anything starts
     request = {
         "composed": composed,
         "launch": dataclasses.asdict(launch),
@@ -256,8 +299,9 @@ class _HydraJob:
         )
         return JobOutcome(CONFIG_ERROR_EXIT, single_run=False, objective=value, summary=summary)
 
-    def train(self, settings: Settings, planned: PlannedRun, workers: _Workers) -> JobOutcome:
-        """`workers`: waiting for go once their plan is made."""
+    def train(self, settings: Settings, planned: PlannedRun, workers: _Workers, evaluation) -> JobOutcome:
+        """`workers`: waiting for go once their plan is made; `evaluation`: lm-eval's checked
+        task registry (eval=lm_eval), or None."""
         run, launch = settings.run, workers.launch
         if planned.checkpoint.get("checkpoint_loaded"):
             print(f"[qwen3-neuron] continuing from checkpoint {planned.checkpoint['checkpoint_loaded']} of {self.run_dir}")
@@ -300,6 +344,13 @@ class _HydraJob:
             summary.update(status="failed", exit_code=exit_code, error=summary["error"] or verdict.message)
         summary.update(verdict.summary_fields(mode))  # first_loss, random_init_loss_reference, first_loss_check
         write_summary(self.run_dir, summary)
+        if evaluation is not None and summary["status"] == "completed":  # the run is on record first
+            from qwen3_neuron.eval.run import evaluate_run, evaluation_device
+
+            device = evaluation_device(settings.eval, launch.device)
+            summary.update(evaluate_run(self.run_dir, settings.eval, summary, device, evaluation, run.verbose))
+            exit_code = exit_code or (1 if summary["eval_error"] else 0)
+            write_summary(self.run_dir, summary)
         for line in [*summary_lines(summary), f"run dir: {self.run_dir} (every figure: summary.json)"]:
             print(f"[qwen3-neuron] {line}")
         code = exit_code or (1 if summary["status"] != "completed" else 0)

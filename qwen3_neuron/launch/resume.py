@@ -3,8 +3,9 @@
 The run continues with the config it recorded (`job.yaml`), in its own run dir, so torchtitan's
 checkpoint manager finds its `step-N` folders there and restores model, optimizer, scheduler,
 data position and step. What the resuming command line may change: `run.*` and `training.steps`
-(to train longer), `checkpoint.load_step` (which checkpoint, for this launch only); anything else
-it sets must equal the recorded value, or the plan refuses.
+(to train longer), `checkpoint.load_step` (which checkpoint, for this launch only), `eval.*` (what
+to evaluate after training; a completed run is only evaluated: eval/resume.py); anything else it
+sets must equal the recorded value, or the plan refuses.
 A `step-N` folder without DCP's `.metadata` (written last) was cut short and is never picked,
 by torchtitan's own rule, which `complete_steps` mirrors to say where the run will continue; a
 complete one whose files do not match its `.metadata` is skipped too (`worker.checkpoint_check`).
@@ -23,7 +24,7 @@ from omegaconf import OmegaConf
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.run_dir import JOB_FILE, TRAINER_CONFIG_FILE, complete_steps, read_job
 
-CHANGEABLE_ON_RESUME = ("run", "training.steps", "checkpoint.load_step", "hydra")
+CHANGEABLE_ON_RESUME = ("run", "training.steps", "checkpoint.load_step", "hydra", "eval")
 
 
 def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: list[str]) -> dict[str, Any]:
@@ -46,6 +47,8 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
     # which checkpoint: this launch's choice alone (the next resume takes the newest intact one again)
     load_step = composed["checkpoint"]["load_step"] if _typed("checkpoint.load_step", typed_overrides) else -1
     resumed.setdefault("checkpoint", {})["load_step"] = load_step
+    if any(key.split(".")[0] == "eval" for key in _typed_keys(typed_overrides)):
+        resumed["eval"] = composed["eval"]  # what to evaluate once training ends
     return resumed
 
 
@@ -70,8 +73,8 @@ def _refuse_changes(run_dir: Path, recorded: Mapping, composed: Mapping, typed_o
             shown = repr(_plain(before)) if before is not None else _trained_value(run_dir, key)
             raise ConfigError(
                 f"run.resume continues the recorded config, but this command changes '{key}' "
-                f"({shown} -> {_plain(after)!r}). Only run.*, training.steps and "
-                "checkpoint.load_step may change."
+                f"({shown} -> {_plain(after)!r}). Only run.*, training.steps, "
+                "checkpoint.load_step and eval.* may change."
             )
 
 

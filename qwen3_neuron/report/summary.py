@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen3_neuron.errors import JobFailed
+from qwen3_neuron.eval.objective import objective_value
 from qwen3_neuron.run_dir import (
     FAILURE_FILE,
     LOG_FILE,
@@ -145,6 +146,12 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     for key, label in (("export_dir", "HF export"), ("adapter_dir", "PEFT adapter"), ("error", "error")):
         if summary.get(key):
             lines.append(f"{label}: {summary[key]}")
+    scores = [f"{task} {metric} {value:.4g}" for task, metrics in (summary.get("eval") or {}).items()
+              for metric, value in metrics.items()]  # fmt: skip
+    if scores:
+        lines.append(f"lm-eval ({summary['eval_seconds']:.0f} s): " + "; ".join(scores))
+    if summary.get("eval_error"):
+        lines.append(f"eval error (the run and its export are kept): {summary['eval_error']}")
     return lines
 
 
@@ -166,7 +173,7 @@ def sweep_job_value(
         if sweep_dir is not None:
             (sweep_dir / STOP_FILE).write_text(reason + "\n")
         raise JobFailed(reason)
-    value = summary.get(objective) if status == "completed" else None
+    value = objective_value(summary, objective) if status == "completed" else None
     return float(value) if value is not None and math.isfinite(value) else None
 
 

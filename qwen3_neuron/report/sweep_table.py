@@ -5,7 +5,8 @@
 writes, into the sweep dir:
 - `summary.csv`: one row per job: the job number, the overrides whose values differ between
   jobs, then `status, steps, first_loss, final_loss, val_loss, tokens_per_second,
-  packing_efficiency, mfu, peak_memory_gib, wall_seconds, error` exactly as in the job's summary.json, and the job's run dir;
+  packing_efficiency, mfu, peak_memory_gib, wall_seconds`, an `eval.<task>.<metric>` column per
+  lm-eval score (eval=lm_eval), `error`, exactly as in the job's summary.json, and the job's run dir;
 - `summary.md`: the same table for people (rounded, MFU in %), plus Optuna's best trial when the
   sweep was an Optuna study;
 - `loss.png`: every job's loss curve from its metrics.jsonl, labelled by its overrides (a failed
@@ -30,6 +31,8 @@ from typing import Any
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from qwen3_neuron.eval.objective import PREFIX as EVAL_PREFIX
+from qwen3_neuron.eval.objective import flat_scores
 from qwen3_neuron.run_dir import STOP_FILE, SUMMARY_FILE, read_metrics
 
 CSV_FILE = "summary.csv"
@@ -65,6 +68,9 @@ class SweepTable:
     varying: list[str]
     """Override keys whose values differ between jobs (all of them for a one-job sweep)."""
 
+    columns: tuple[str, ...] = COLUMNS
+    """COLUMNS, with one `eval.<task>.<metric>` column per score any job has (eval=lm_eval)."""
+
     @property
     def failed(self) -> list[Job]:
         return [job for job in self.jobs if job.failed]
@@ -74,7 +80,7 @@ def write_report(sweep_dir: Path | str) -> SweepTable:
     """Read every job of the sweep, write summary.csv, summary.md and loss.png."""
     sweep_dir = Path(sweep_dir)
     jobs = collect_jobs(sweep_dir)
-    report = SweepTable(sweep_dir, jobs, varying_keys(jobs))
+    report = SweepTable(sweep_dir, jobs, varying_keys(jobs), table_columns(jobs))
     _write_atomically(sweep_dir / CSV_FILE, render_csv(report))
     _write_atomically(sweep_dir / MARKDOWN_FILE, render_markdown(report))
     plot_losses(report, sweep_dir / PLOT_FILE)
@@ -84,6 +90,11 @@ def write_report(sweep_dir: Path | str) -> SweepTable:
 def collect_jobs(sweep_dir: Path) -> list[Job]:
     dirs = [d for d in sweep_dir.iterdir() if d.is_dir() and ((d / ".hydra").is_dir() or (d / SUMMARY_FILE).exists())]
     return [_read_job(d) for d in sorted(dirs, key=_job_order)]
+
+
+def table_columns(jobs: list[Job]) -> tuple[str, ...]:
+    scores = sorted({name for job in jobs for name in flat_scores(job.summary)})
+    return (*COLUMNS[:-1], *scores, COLUMNS[-1])  # the error stays last
 
 
 def _job_order(run_dir: Path) -> tuple:
@@ -96,6 +107,7 @@ def _read_job(run_dir: Path) -> Job:
         summary = json.loads(summary_path.read_text())
     else:  # the launcher was stopped before it could write one, or the job is still running
         summary = {"status": "unknown", "error": f"no {SUMMARY_FILE} in the job's dir"}
+    summary.update(flat_scores(summary))  # eval.<task>.<metric>: a column each
     return Job(run_dir.name, run_dir, read_overrides(run_dir), summary, _read_losses(run_dir))
 
 
@@ -128,7 +140,7 @@ def _read_losses(run_dir: Path) -> list[tuple[int, float]]:
 
 
 def header(report: SweepTable) -> list[str]:
-    return ["job", *report.varying, *COLUMNS, "run_dir"]
+    return ["job", *report.varying, *report.columns, "run_dir"]
 
 
 def render_csv(report: SweepTable) -> str:
@@ -137,7 +149,7 @@ def render_csv(report: SweepTable) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(header(report))
     for job in report.jobs:
-        values = [job.summary.get(column) for column in COLUMNS]
+        values = [job.summary.get(column) for column in report.columns]
         writer.writerow(
             [job.name, *(job.overrides.get(k, "") for k in report.varying)]
             + ["" if v is None else v for v in values]
@@ -154,11 +166,11 @@ def render_markdown(report: SweepTable) -> str:
         f"{len(report.jobs)} jobs, {len(report.jobs) - len(report.failed)} completed, {len(report.failed)} failed.",
         "",
         "| " + " | ".join(columns) + " |",
-        "|" + "|".join("---:" if c in _NUMERIC else "---" for c in columns) + "|",
+        "|" + "|".join("---:" if c in _NUMERIC or c.startswith(EVAL_PREFIX) else "---" for c in columns) + "|",
     ]
     for job in report.jobs:
         cells = [job.name, *(job.overrides.get(k, "") for k in report.varying)]
-        cells += [_format(column, job.summary.get(column)) for column in COLUMNS]
+        cells += [_format(column, job.summary.get(column)) for column in report.columns]
         lines.append("| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in cells) + " |")
     stop = report.sweep_dir / STOP_FILE
     if stop.exists():
@@ -190,7 +202,7 @@ def _format(column: str, value: Any) -> str:
         return f"{value:,.0f}"
     if column in ("first_loss", "final_loss", "val_loss", "packing_efficiency"):
         return f"{value:.4f}"
-    if column == "peak_memory_gib":
+    if column == "peak_memory_gib" or column.startswith(EVAL_PREFIX):
         return f"{value:.3f}"
     if column == "wall_seconds":
         return f"{value:.1f}"

@@ -1,0 +1,60 @@
+"""Score an HF model dir with lm-eval's Python API (`simple_evaluate`, its `hf` model): lm-eval's
+own results file in `<out dir>/results.json`, and the headline metrics the summary keeps."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from qwen3_neuron.eval.settings import EvalSettings
+
+RESULTS_FILE = "results.json"
+
+
+def evaluate(
+    model_dir: Path, settings: EvalSettings, out_dir: Path, device: str, manager, adapter_dir: Path | None = None
+) -> dict[str, dict[str, float]]:
+    """Run `settings.tasks` on `model_dir` (with the PEFT adapter `adapter_dir` on top, if any)
+    on `device`; write lm-eval's results into `out_dir`; return {task: {metric: value}}."""
+    import lm_eval
+    from lm_eval.utils import handle_non_serializable
+
+    model_args: dict[str, Any] = {"pretrained": str(model_dir), "dtype": "auto"}
+    if adapter_dir is not None:
+        model_args["peft"] = str(adapter_dir)
+    results = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=model_args,
+        tasks=list(settings.tasks),
+        num_fewshot=settings.num_fewshot,
+        batch_size=settings.batch_size,
+        limit=settings.limit,
+        device=device,
+        apply_chat_template=settings.apply_chat_template,
+        task_manager=manager,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
+    return headline_metrics(results, settings.tasks)
+
+
+def headline_metrics(results: dict[str, Any], tasks: list[str]) -> dict[str, dict[str, float]]:
+    """{task: {metric: value}} for the tasks asked for (a group: its aggregate, if it has one).
+    lm-eval names a metric `metric,filter`; here it is `metric` for the unfiltered one and
+    `metric/filter` otherwise: a comma would make `run.objective=eval.<task>.<metric>` a sweep."""
+    headline = {}
+    for task in tasks:
+        scores = results["results"].get(task, {})
+        headline[task] = {
+            _metric_name(key): float(value)
+            for key, value in scores.items()
+            if "," in key and "_stderr," not in key and isinstance(value, (int, float)) and math.isfinite(value)
+        }
+    return headline
+
+
+def _metric_name(key: str) -> str:
+    metric, _, filter_name = key.partition(",")
+    return metric if filter_name == "none" else f"{metric}/{filter_name}"
