@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO, TINY, compose_config, launch, processes_mentioning, read_jsonl
 
 from qwen3_neuron.config.settings import parse_settings
+from qwen3_neuron.config.torchrun import worker_launch
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch.job import _start_workers
 from qwen3_neuron.launch.process import Torchrun
@@ -125,7 +126,8 @@ def test_local_rank_0_plans_and_a_config_error_it_finds_stops_every_worker(tmp_p
     earlier_rank_log.write_text("step 4\n")
     (run_dir / "train.log").write_text("the earlier launch's output\n")
     composed = compose_config("training.seq_len=4096")  # torchtitan's RoPE bound: the plan's check
-    workers = _start_workers(parse_settings(composed), run_dir, composed, None)
+    settings = parse_settings(composed)
+    workers = _start_workers(settings, worker_launch(settings, run_dir), run_dir, composed, None)
     with pytest.raises(ConfigError, match="training.seq_len=4096 is too long for qwen3 tiny"):
         workers.wait_for_plan()
     this_launch = [p for p in run_dir.glob("ranks/*/attempt_0/0/stdout.log") if p != earlier_rank_log]
