@@ -36,7 +36,8 @@ SEQ_LEN, BATCH = 256, 4  # the default job's
 def pipeline_tokens_per_second(kind: str, samples: int, cache_dir: str) -> float:
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    from qwen3_neuron.data.dataset import DataSource, PackedDataset
+    from qwen3_neuron.data.dataset import PackedDataset
+    from qwen3_neuron.data.source import DataSource
 
     paths = build_assets()
     files = paths.text_train_file if kind == "text" else paths.chat_train_file

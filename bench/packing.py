@@ -66,7 +66,8 @@ def pack(files: Path, form: str, seq_len: int, packing: str, cache_dir: str) -> 
     sample, where its documents (and its padding) start."""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    from qwen3_neuron.data.dataset import DataSource, PackedDataset
+    from qwen3_neuron.data.dataset import PackedDataset
+    from qwen3_neuron.data.source import DataSource
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(build_assets().tokenizer_dir))
     overlong = "split" if form == "text" else "truncate"

@@ -18,7 +18,7 @@ from test_data import spans_of
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from qwen3_neuron.data.chat import SHAREGPT_ROLES, ChatFormatError, ChatRenderer, row_conversation
-from qwen3_neuron.data.dataset import DataSource
+from qwen3_neuron.data.source import DataSource
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",

@@ -11,8 +11,9 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from qwen3_neuron.data.chat import ChatRenderer, Conversation, row_conversation
-from qwen3_neuron.data.dataset import DataSource, PackedDataset
+from qwen3_neuron.data.dataset import PackedDataset
 from qwen3_neuron.data.packing import Packer, document
+from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.run_dir import read_data_stats, write_data_stats
 
 CONVERSATION = [

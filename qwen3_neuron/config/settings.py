@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from qwen3_neuron.config.fields import apply_fields
+from qwen3_neuron.data.source import SourceFields
 from qwen3_neuron.data.sources import resolve_files
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.eval.objective import check_objective
@@ -155,91 +156,20 @@ PACKED_KINDS = ("text", "chat", "mix")  # the data kinds read into qwen3_neuron.
 
 
 @dataclass(kw_only=True)
-class DataSettings:
+class DataSettings(SourceFields):
+    """The `data` section: the per-source keys (`SourceFields`, each also the default of data=mix's
+    sources) and the ones of the whole section below."""
+
     kind: Literal["tiny", "c4", "text", "chat", "mix"] = "tiny"
     """tiny / c4: torchtitan's registered data sets, as the `dataloader` section names them.
     text / chat / mix: rows from `files` or `hf_dataset` (mix: `sources`) through
     qwen3_neuron.data's PackedDataLoader."""
-
-    files: str | list[str] | None = None
-    """A path, a glob or a list of them: .jsonl .json .parquet .csv .arrow .txt, or one directory
-    written by datasets' save_to_disk. All of one format."""
-
-    hf_dataset: str | None = None
-    """A Hub data set id, read from the local HF cache only (runs are offline)."""
-
-    hf_config: str | None = None
-    """The Hub data set's config name (its subset), if it has several."""
-
-    split: str = "train"
-    """The split of `hf_dataset` (or of a save_to_disk DatasetDict)."""
-
-    text_field: str = "text"
-    """data=text: the column holding each document's text."""
-
-    txt_sample_by: Literal["paragraph", "document", "line"] = "paragraph"
-    """.txt files: one row per blank-line-separated paragraph, per whole file, or per line."""
-
-    messages_field: str = "messages"
-    """data=chat: the column holding the conversation: OpenAI/HF messages ({role, content}:
-    system, user, assistant, tool; assistant `tool_calls` and `reasoning_content`, and whatever
-    else a message carries, go to the chat template as they are) or ShareGPT {from, value}
-    (`conversations`)."""
-
-    role_map: dict[str, str] | None = None
-    """data=chat, ShareGPT rows: speaker -> role (system, user, assistant, tool, or tool_call: an
-    assistant turn whose value is the call's JSON). Default: human/gpt/system/function_call/
-    observation as ShareGPT names them."""
-
-    tools_field: str | None = "tools"
-    """data=chat: the row's tool schemas (a list, or a JSON string of one), handed to the chat
-    template as `tools`; absent or empty: no tools."""
-
-    reasoning: Literal["keep", "drop"] = "keep"
-    """data=chat: keep an assistant turn's reasoning (`reasoning_content` or a <think> block in
-    its content) where the template renders it, and train it; drop: train answers without it."""
-
-    prompt_field: str | None = None
-    """data=chat with instruction rows: the prompt column (a user turn); with `response_field`."""
-
-    response_field: str | None = None
-    """data=chat with instruction rows: the response column (the assistant turn)."""
-
-    input_field: str | None = "input"
-    """data=chat with instruction rows: a column joined to the prompt after a blank line when it
-    is filled (Alpaca's `input`)."""
-
-    system_field: str | None = None
-    """data=chat with instruction rows: a column holding a system turn for the row, if any."""
-
-    train_on_prompt: bool = False
-    """data=chat: true puts a loss on every token, not only on the assistant turns."""
-
-    overlong: Literal["truncate", "drop", "split"] = "truncate"
-    """A document longer than training.seq_len: truncate (keep its first seq_len tokens), drop
-    it, or split it into seq_len windows (text only: a conversation cut in two loses its
-    context). Every case is counted in the log and summary.json (data_stats)."""
-
-    packing: Literal["best_fit", "greedy", "none"] = "best_fit"
-    """How whole documents (chat; text with overlong truncate|drop) fill training.seq_len samples:
-    best_fit: best-fit decreasing over `pack_buffer` waiting documents (what does not fit waits
-    for a later sample); greedy: in order, a sample that cannot take the next document is padded;
-    none: one document per sample. Text with overlong=split runs documents on across samples
-    instead (no padding). summary.json's packing_efficiency: the share of tokens not padding."""
-
-    pack_buffer: int = 64
-    """packing=best_fit: how many documents wait to be placed; each rank holds that many (in its
-    checkpoints too). 64 packs bench/packing.py's long-tailed chat set as well as 256 does."""
 
     streaming: bool = False
     """Stream rows instead of reading them map-style (corpora larger than memory)."""
 
     val_files: str | list[str] | None = None
     """Validation rows (same forms as `files`); turns on torchtitan's Validator."""
-
-    val_fraction: float = 0.0
-    """0 < f < 1: carve every (1/f)-th row of the training source(s) out for validation,
-    deterministically; turns on torchtitan's Validator. Exclusive with val_files."""
 
     sources: list[dict[str, Any]] = field(default_factory=list)
     """data=mix: one mapping per source: files or hf_dataset, weight (> 0), format (text|chat)

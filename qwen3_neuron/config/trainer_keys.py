@@ -81,8 +81,8 @@ def _known() -> dict[str, Any]:
 
 def trainer_keys() -> dict[str, Any]:
     """What `trainer_keys.json` holds, from torchtitan's classes (imports torchtitan)."""
-    from qwen3_neuron.data.dataset import DataSource
     from qwen3_neuron.data.loader import PackedDataLoader
+    from qwen3_neuron.data.source import DataSource
     from qwen3_neuron.trainer_config.build import base_config
 
     configs = {}

@@ -13,8 +13,8 @@ from pathlib import Path
 from torchtitan.trainer import Trainer
 
 from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_conversation
-from qwen3_neuron.data.dataset import DataSource
 from qwen3_neuron.data.loader import PackedDataLoader
+from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.data.sources import first_rows, is_validation_row
 from qwen3_neuron.errors import ConfigError
 

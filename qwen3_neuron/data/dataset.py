@@ -16,8 +16,7 @@ counts reach summary.json.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
@@ -28,41 +27,11 @@ from torchtitan.tools.logging import logger
 from qwen3_neuron.data import sources
 from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.packing import Packer, Sample, document, fit
+from qwen3_neuron.data.source import DataSource
 
 STAT_NAMES = (
     "rows", "documents", "truncated", "dropped", "split", "skipped", "tokens", "label_tokens", "padding_tokens",
 )  # fmt: skip
-
-
-@dataclass(kw_only=True, slots=True)
-class DataSource:
-    """One source of rows and how a row becomes a document (the `data` section's fields; see
-    qwen3_neuron.config.settings.DataSettings for each)."""
-
-    files: str | list[str] | None = None
-    hf_dataset: str | None = None
-    hf_config: str | None = None
-    split: str = "train"
-    format: Literal["text", "chat"] = "text"
-    text_field: str = "text"
-    txt_sample_by: Literal["paragraph", "document", "line"] = "paragraph"
-    messages_field: str = "messages"
-    role_map: dict[str, str] | None = None
-    tools_field: str | None = "tools"
-    reasoning: Literal["keep", "drop"] = "keep"
-    prompt_field: str | None = None
-    response_field: str | None = None
-    input_field: str | None = "input"
-    system_field: str | None = None
-    train_on_prompt: bool = False
-    overlong: Literal["truncate", "drop", "split"] = "truncate"
-    packing: Literal["best_fit", "greedy", "none"] = "best_fit"
-    pack_buffer: int = 64
-    val_fraction: float = 0.0
-    weight: float = 1.0
-
-    def name(self) -> str:
-        return self.hf_dataset or (self.files if isinstance(self.files, str) else ",".join(self.files or []))
 
 
 class PackedDataset(IterableDataset, Stateful):

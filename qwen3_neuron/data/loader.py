@@ -15,7 +15,8 @@ from typing import Literal
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets.interleaved import InterleavedDataset
 
-from qwen3_neuron.data.dataset import DataSource, PackedDataset
+from qwen3_neuron.data.dataset import PackedDataset
+from qwen3_neuron.data.source import DataSource
 
 
 class PackedDataLoader(ParallelAwareDataloader):

@@ -16,12 +16,12 @@ from torchtitan.trainer import Trainer
 
 from qwen3_neuron.config.fields import apply_fields
 from qwen3_neuron.config.settings import PACKED_KINDS, DataSettings
-from qwen3_neuron.data.dataset import DataSource
 from qwen3_neuron.data.loader import PackedDataLoader
+from qwen3_neuron.data.source import DataSource, SourceFields
 from qwen3_neuron.errors import ConfigError
 
 DATA_CACHE_DIR = "data_cache"  # in the run dir: datasets' Arrow cache of local files
-SOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(DataSource) if f.name not in ("format", "weight"))
+SOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(SourceFields))  # the defaults of each source
 
 
 def apply_data(config: Trainer.Config, data: DataSettings, run_dir: Path) -> None:
@@ -44,8 +44,7 @@ def training_sources(data: DataSettings) -> list[DataSource]:
         raise ConfigError(f"data.val_fraction={data.val_fraction}: a fraction of the rows, 0 <= f < 1")
     if data.val_fraction and data.val_files:
         raise ConfigError("data.val_fraction and data.val_files both name a validation set; set one")
-    defaults = {name: getattr(data, name) for name in SOURCE_FIELDS if hasattr(data, name)}
-    defaults["val_fraction"] = data.val_fraction
+    defaults = {name: getattr(data, name) for name in SOURCE_FIELDS}
     if data.kind != "mix":
         if data.sources:
             raise ConfigError(f"data.sources is for data=mix; data={data.kind} reads data.files or data.hf_dataset")
