@@ -163,7 +163,7 @@ def chat_sft_run(tmp_path_factory, assets) -> Path:
                f"{{files:'{files['sharegpt']}',format:chat,messages_field:conversations,weight:2}},"
                f"{{files:'{files['alpaca']}',format:chat,prompt_field:instruction,response_field:output,weight:2}}]")  # fmt: skip
     run = tmp_path_factory.mktemp("chat-sft") / "run"
-    return trained(run, "training.seq_len=512", "run.nproc_per_node=1", "training.local_batch_size=4", "data=mix",
+    return trained(run, "training.seq_len=512", "training.local_batch_size=2", "data=mix",
                    f"data.sources={sources}", "training.steps=40", "optimizer.lr=3e-3", "checkpointing=export_hf",
                    *EVAL_CHAT_ANSWER)  # fmt: skip
 

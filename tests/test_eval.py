@@ -24,8 +24,13 @@ CHAT_ANSWER = EvalSettings(kind="lm_eval", tasks=["tiny_chat_answer"])
 
 @pytest.fixture(scope="module")
 def registry():
-    """lm-eval's whole task registry with the project's tasks (seconds: built once)."""
-    return task_manager(CHAT_ANSWER)
+    """lm-eval's whole task registry with the project's tasks (seconds: built once), as a run
+    naming one of lm-eval's own tasks gets it."""
+    return task_manager(EvalSettings(kind="lm_eval", tasks=["gsm8k"]))
+
+
+def test_the_projects_own_tasks_are_found_without_indexing_lm_evals_own():
+    assert task_manager(CHAT_ANSWER).all_tasks == ["tiny_chat_answer"]
 
 
 def test_an_unknown_task_is_refused_with_close_matches(registry):

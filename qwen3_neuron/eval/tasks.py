@@ -3,7 +3,8 @@ registry (with the project's own tasks and `eval.include_path`), and every Hub d
 reads is in the local HF cache (runs are offline; lm-eval would otherwise try to download).
 
 lm-eval's full registry takes seconds to index (about 7 s of CPU: ~15,000 task YAMLs), so the
-launcher builds it once, and only when a run evaluates."""
+launcher builds it once, only when a run evaluates, and only when a task is not the project's
+own or in `eval.include_path` (those index in a tenth of a second)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,16 @@ def include_paths(settings: EvalSettings) -> list[str]:
 
 
 def task_manager(settings: EvalSettings):
-    """lm-eval's TaskManager over its own tasks, the project's and `eval.include_path`."""
+    """lm-eval's TaskManager over the project's tasks and `eval.include_path`, and over lm-eval's
+    own too only when a named task is not among those (indexing them is what takes seconds)."""
     from lm_eval.tasks import TaskManager
 
     for path in include_paths(settings)[1:]:
         if not Path(path).is_dir():
             raise ConfigError(f"eval.include_path: {path} is not a folder (lm-eval task YAMLs go in one).")
+    local = TaskManager(include_path=include_paths(settings), include_defaults=False)
+    if settings.tasks and all(name in local.task_index for name in settings.tasks):
+        return local
     return TaskManager(include_path=include_paths(settings))
 
 
