@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from qwen3_neuron.errors import ExportError
-from qwen3_neuron.hf_io.generation import chat_stop_problem, end_of_turn_token, stop_ids
+from qwen3_neuron.hf_io.generation import end_of_turn_token, stop_ids, stop_problem
+from qwen3_neuron.models.hf.model_dir import CONFIG_FILE
 from qwen3_neuron.run_dir import SUMMARY_FILE, read_json
 
-CONFIG_FILE = "config.json"
 SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 
@@ -54,7 +54,7 @@ class Chat:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").to(self.device).eval()
         self.stop = stop_ids(self.model.generation_config)
-        problem = chat_stop_problem(model_dir)
+        problem = stop_problem(self.tokenizer, self.model.generation_config)  # the loaded ones: read once
         if problem:
             print(f"note: {model_dir}: {problem}; stopping there in this chat", file=sys.stderr)
             try:

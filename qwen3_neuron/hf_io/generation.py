@@ -58,10 +58,18 @@ def chat_stop_problem(model_dir: Path) -> str | None:
     from transformers import AutoTokenizer, GenerationConfig
 
     try:
-        marker, turn_end = end_of_turn_token(AutoTokenizer.from_pretrained(model_dir))
-        ids = stop_ids(GenerationConfig.from_pretrained(model_dir))
-    except (ExportError, OSError, ValueError) as e:
+        return stop_problem(AutoTokenizer.from_pretrained(model_dir), GenerationConfig.from_pretrained(model_dir))
+    except (OSError, ValueError) as e:
         return str(e)
+
+
+def stop_problem(tokenizer, generation_config) -> str | None:
+    """Why a loaded tokenizer and generation config would not end a chat turn, or None."""
+    try:
+        marker, turn_end = end_of_turn_token(tokenizer)
+    except ExportError as e:
+        return str(e)
+    ids = stop_ids(generation_config)
     if turn_end in ids:
         return None
     return (f"{GENERATION_CONFIG_FILE} stops at {ids or 'nothing'}, not at the chat template's end of turn "
