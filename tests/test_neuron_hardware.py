@@ -57,7 +57,7 @@ def test_tiny_qwen3_trains_on_two_neuron_cores(tmp_path, neuron_device, compiled
         assert summary["compiled"] is None
 
 
-def test_a_second_compiled_run_loads_every_neff_from_the_cache(tmp_path, neuron_device, monkeypatch):
+def test_a_second_compiled_run_reuses_every_neff_from_the_cache(tmp_path, neuron_device, monkeypatch):
     """device.cache_dir is TORCH_NEURONX_NEFF_CACHE_DIR: the first run compiles and stores its
     graphs there (misses), the same job again finds every one (hits, no miss) and trains to the
     same losses. A run that compiled again would log a miss, whatever file names it wrote."""
