@@ -70,6 +70,5 @@ def test_a_second_compiled_run_reuses_every_neff_from_the_cache(tmp_path, neuron
     reused = neff_cache_events(tmp_path / "second")
     assert reused["miss"] == 0 and reused["hit"] >= filled["store"], f"first run {filled}, second run {reused}"
     assert second["compiled"]["graphs"] == first["compiled"]["graphs"]  # Dynamo captured the same graphs
-    assert second["compiled"]["compile_seconds"] < first["compiled"]["compile_seconds"]  # no neuronx-cc this time
     losses = (first["first_loss"], first["final_loss"])
     assert (second["first_loss"], second["final_loss"]) == pytest.approx(losses, rel=1e-2)
