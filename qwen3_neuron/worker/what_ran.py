@@ -3,14 +3,16 @@ plan: `<run dir>/what_ran/rank_N.json`, which the launcher's summary reports (`o
 `attention`, `compiled`).
 
 - `overrides`: for each `override.imports` entry, the modules of this rank's model (and the
-  trainer's components, `trainer.<name>`) whose class its module defines ({fqn: "module.Class"}). A kernel's replacement class lives in the
-  module of its `@override` factory (the project's kernels, `examples/my_moe.py`); an entry whose
-  classes appear nowhere in the model replaced nothing here, whatever the plan said.
+  trainer's components, `trainer.<name>`) whose class its module defines ({fqn: "module.Class"}).
+  A kernel's replacement class lives in the module of its `@override` factory (the project's
+  kernels, `examples/my_moe.py`); an entry whose classes appear nowhere in the model replaced
+  nothing here, whatever the plan said.
 - `attention`: what computes each layer's attention ({module fqn: "module.Class"}): its
   `inner_attention` (native Qwen3, MoE), or for model=hf the attention function torchtitan's
   Transformers backend calls from each `self_attn`.
 - `compiled` (compile.enable=true): the backend torchtitan compiled with, and from
-  `torch._dynamo.utils`: graphs captured (`counters["stats"]["unique_graphs"]`), frames compiled,
+  `torch._dynamo.utils`: graphs captured (`counters["stats"]["unique_graphs"]`), frames compiled
+  (its compilation metrics: one record per frame compile, another per backward compile),
   recompiles (compiles of a frame that already had compiled code, with their reasons) and the
   seconds spent compiling, forward and backward.
 """
@@ -74,15 +76,16 @@ def compile_record(backend: str) -> dict[str, Any]:
     from torch._dynamo.utils import counters, get_compilation_metrics
 
     metrics = [m for m in get_compilation_metrics() if not m.is_runtime]
+    frames = [m for m in metrics if m.co_name]  # a backward compile's record names no code object
     # a reason's first line names the guard that failed (the rest is its user stack)
-    recompiles = [m.recompile_reason.splitlines()[0] for m in metrics if m.recompile_reason]
+    recompiles = [m.recompile_reason.splitlines()[0] for m in frames if m.recompile_reason]
     seconds = sum(
         (m.entire_frame_compile_time_s or 0.0) + (m.backward_cumulative_compile_time_us or 0) / 1e6 for m in metrics
     )
     return {
         "backend": backend,
         "graphs": counters["stats"]["unique_graphs"],
-        "frames_compiled": len(metrics),
+        "frames_compiled": len(frames),
         "recompiles": len(recompiles),
         "recompile_reasons": recompiles[:_MAX_REASONS],
         "compile_seconds": round(seconds, 3),

@@ -3,8 +3,8 @@
 Why: `flex_attention` has no backward on CPU (torch raises "FlexAttention does not support
 backward on CPU" as soon as an input requires grad), so neither torchtitan's native models nor
 its Transformers backend can train there. Both keep building their flex `BlockMask`; this module
-turns it into a dense boolean mask (computed once per mask object) and runs SDPA, which has a
-CPU backward.
+turns it into a dense boolean mask (eagerly once per mask object; in a compiled graph, in the
+graph) and runs SDPA, which has a CPU backward.
 
 - `sdpa_for_flex` is a torchtitan `@override` of `FlexAttention.Config` (native Qwen3 / MoE),
   activated by listing `qwen3_neuron.kernels.attention.sdpa.sdpa_for_flex` in
