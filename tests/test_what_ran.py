@@ -10,7 +10,7 @@ import torch
 from torchtitan.models.common.moe import GroupedExperts
 
 from qwen3_neuron.kernels.moe.blockwise import blockwise_experts
-from qwen3_neuron.report.summary import summarize
+from qwen3_neuron.report.summary import summarize, summary_lines
 from qwen3_neuron.run_dir import write_what_ran
 from qwen3_neuron.worker.what_ran import attention_classes, replaced_modules
 
@@ -58,6 +58,7 @@ def test_the_summary_joins_every_ranks_record(tmp_path):
         "recompile_reasons": ["a guard"], "ranks_with_graphs": 1,
     }  # fmt: skip
     json.dumps(summary)  # summary.json takes it as it is
+    assert "compiled (aot_eager): 2 graph(s) on 1 rank(s), 1 recompile(s), 4.0 s compiling" in summary_lines(summary)
 
 
 def test_no_record_no_claim(tmp_path):

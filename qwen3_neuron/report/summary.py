@@ -179,6 +179,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         buffered = summary["data_stats"]["buffered_documents"]
         lines.append(f"data: packing efficiency {summary['packing_efficiency']:.4f} (the share of tokens that is not "
                      f"padding); {buffered:,} documents read but not trained on (still buffered)")  # fmt: skip
+    compiled = summary.get("compiled")
+    if compiled:  # what torch.compile did in the workers: a recompile per step shows here
+        lines.append(f"compiled ({compiled['backend']}): {compiled['graphs']} graph(s) on {compiled['ranks_with_graphs']} "
+                     f"rank(s), {compiled['recompiles']} recompile(s), {compiled['compile_seconds']:.1f} s compiling")  # fmt: skip
     for key, label in (("export_dir", "HF export"), ("adapter_dir", "PEFT adapter"), ("error", "error")):
         if summary.get(key):
             lines.append(f"{label}: {summary[key]}")
