@@ -15,6 +15,7 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/memory_estimate.json  the plan's tensor memory estimate per rank
     <run dir>/tensor_memory.json  the tensor memory rank 0 measured while training
     <run dir>/data_stats/rank_N.json  what rank N's data pipeline read, packed, truncated, dropped
+    <run dir>/what_ran/rank_N.json  what rank N's model ran: override modules, attention, compile counters
     <run dir>/data_cache/         datasets' Arrow cache of local data files (data=text|chat|mix)
     <run dir>/summary.json        how the run ended
     <sweep dir>/.stop_sweep       left by a job that stops the sweep: later jobs skip
@@ -55,6 +56,7 @@ MEMORY_ESTIMATE_FILE = "memory_estimate.json"
 TENSOR_MEMORY_FILE = "tensor_memory.json"
 SUMMARY_FILE = "summary.json"
 DATA_STATS_DIR = "data_stats"
+WHAT_RAN_DIR = "what_ran"
 STOP_FILE = ".stop_sweep"
 HANDOFF_ENV = "QWEN3_NEURON_HANDOFF"
 LOCK_FILE = ".lock"
@@ -254,3 +256,16 @@ def packing_efficiency(stats: dict[str, int]) -> float | None:
     """The share of the tokens handed out to training that are not padding."""
     tokens = stats.get("tokens")
     return (tokens - stats["padding_tokens"]) / tokens if tokens else None
+
+
+def write_what_ran(run_dir: Path, rank: int, record: dict[str, Any]) -> None:
+    folder = run_dir / WHAT_RAN_DIR
+    folder.mkdir(exist_ok=True)
+    write_json(folder / f"rank_{rank}.json", record)
+
+
+def read_what_ran(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """{rank: its record} of every rank that wrote one (worker.what_ran)."""
+    folder = run_dir / WHAT_RAN_DIR
+    files = folder.glob("rank_*.json") if folder.is_dir() else []
+    return {int(p.stem.removeprefix("rank_")): json.loads(p.read_text()) for p in files}

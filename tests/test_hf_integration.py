@@ -96,6 +96,8 @@ def test_hf_run_trains_on_two_ranks_and_exports(hf_run, assets):
     assert summary["random_init_loss_reference"] == pytest.approx(LN_VOCAB, abs=1e-4)
     assert summary["final_loss"] < summary["first_loss"] - 1.0
     assert summary["first_loss_check"] == "off"
+    # what the workers ran: Transformers' attention, routed to SDPA on CPU in each of the 4 layers
+    assert summary["attention"] == {"qwen3_neuron.kernels.attention.sdpa.hf_sdpa_attention_forward": 4}
     assert sorted(p.name for p in (run_dir / "hf_export").iterdir()) == [
         "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
         "tokenizer.json", "tokenizer_config.json",

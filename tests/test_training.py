@@ -37,6 +37,9 @@ def test_default_run_trains_and_the_loss_falls(default_run):
     assert summary["first_loss"] == pytest.approx(7.62, abs=0.3)
     assert summary["final_loss"] < summary["first_loss"] - 0.5
     assert summary["tokens_per_second"] > 0 and summary["peak_memory_gib"] > 0
+    # what the workers ran (worker/what_ran.py), not what the plan said: CPU attention in all 4 layers, no compile
+    assert summary["attention"] == {"qwen3_neuron.kernels.attention.sdpa.SDPAFlexAttention": 4}
+    assert summary["compiled"] is None
 
 
 def test_metrics_and_summary_agree_with_what_the_workers_logged(default_run):

@@ -331,7 +331,7 @@ class _HydraJob:
                 extra.update(export)
         summary = summarize(
             self.run_dir, status, time.time() - start,
-            exit_code=exit_code, overrides=planned.replacements_by_override(), **planned.parameters,
+            exit_code=exit_code, planned_overrides=planned.replacements_by_override(), **planned.parameters,
             **planned.checkpoint, **extra,
         )  # fmt: skip
         mode = settings.hf.first_loss_check

@@ -7,6 +7,7 @@ import json
 import math
 import re
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from qwen3_neuron.run_dir import (
     read_data_stats,
     read_json,
     read_metrics,
+    read_what_ran,
     write_json,
 )  # fmt: skip
 
@@ -70,12 +72,46 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "peak_flops_per_rank": peak["flops_per_second"] if peak else None,
         "peak_flops_source": peak["source"] if peak else None,
         "ranks": peak["ranks"] if peak else None,
+        **what_ran(run_dir),
         **failure,
         **extra,
     }
     if status == "failed" and not summary["error"]:  # no failure.json: not a Python error on rank 0
         summary["error"] = crash_error(run_dir, summary.get("exit_code"))
     return summary
+
+
+def what_ran(run_dir: Path) -> dict[str, Any]:
+    """What the workers recorded they ran (worker/what_ran.py), every rank's together:
+    `overrides` {override: {module fqn: class}} and `attention` {class: layers} over the ranks'
+    modules (pipeline stages hold different layers); `compiled`, with compile.enable=true: the
+    backend, the most graphs, frames, recompiles and compile seconds of any rank, and how many
+    ranks captured a graph at all. None where no rank wrote a record."""
+    records = read_what_ran(run_dir).values()
+    if not records:
+        return {"overrides": None, "attention": None, "compiled": None}
+    overrides: dict[str, dict[str, str]] = {}
+    attention: dict[str, str] = {}
+    for record in records:
+        for name, modules in record["overrides"].items():
+            overrides.setdefault(name, {}).update(modules)
+        attention.update(record["attention"])
+    compiled = [record["compiled"] for record in records if record["compiled"]]
+    merged = None
+    if compiled:
+        counts = ("graphs", "frames_compiled", "recompiles", "compile_seconds")
+        most = max(compiled, key=lambda c: c["recompiles"])
+        merged = {
+            "backend": compiled[0]["backend"],
+            **{key: max(c[key] for c in compiled) for key in counts},
+            "recompile_reasons": most["recompile_reasons"],
+            "ranks_with_graphs": sum(1 for c in compiled if c["graphs"]),
+        }
+    return {
+        "overrides": overrides,
+        "attention": dict(Counter(attention.values())),
+        "compiled": merged,
+    }
 
 
 def _mfu(flops_per_token: float | None, tokens_per_second: float | None, peak: dict | None) -> float | None:
@@ -143,6 +179,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         buffered = summary["data_stats"]["buffered_documents"]
         lines.append(f"data: packing efficiency {summary['packing_efficiency']:.4f} (the share of tokens that is not "
                      f"padding); {buffered:,} documents read but not trained on (still buffered)")  # fmt: skip
+    compiled = summary.get("compiled")
+    if compiled:  # what torch.compile did in the workers: a recompile per step shows here
+        lines.append(f"compiled ({compiled['backend']}): {compiled['graphs']} graph(s) on {compiled['ranks_with_graphs']} "
+                     f"rank(s), {compiled['recompiles']} recompile(s), {compiled['compile_seconds']:.1f} s compiling")  # fmt: skip
     for key, label in (("export_dir", "HF export"), ("adapter_dir", "PEFT adapter"), ("error", "error")):
         if summary.get(key):
             lines.append(f"{label}: {summary[key]}")

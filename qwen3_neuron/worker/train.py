@@ -48,6 +48,7 @@ def main(run_dir: Path) -> None:
     from qwen3_neuron.trainer_config.build import build_trainer_config
     from qwen3_neuron.worker.plan import plan_for_the_launcher
     from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
+    from qwen3_neuron.worker.what_ran import record_what_ran
 
     plan = None
     if handoff:  # started before the plan: local rank 0 makes it; every rank builds once the launcher says go
@@ -97,6 +98,7 @@ def main(run_dir: Path) -> None:
     finally:
         if trainer is not None:
             _record_data_stats(trainer, run_dir, logger)
+            record_what_ran(trainer, config, run_dir)  # overrides, attention, compile: summary.json's
             trainer.close()
     if torch.distributed.is_initialized():
         with sl.log_trace_span("torch_distributed_teardown"):

@@ -3,8 +3,8 @@
 Why: `flex_attention` has no backward on CPU (torch raises "FlexAttention does not support
 backward on CPU" as soon as an input requires grad), so neither torchtitan's native models nor
 its Transformers backend can train there. Both keep building their flex `BlockMask`; this module
-turns it into a dense boolean mask (computed once per mask object) and runs SDPA, which has a
-CPU backward.
+turns it into a dense boolean mask (eagerly once per mask object; in a compiled graph, in the
+graph) and runs SDPA, which has a CPU backward.
 
 - `sdpa_for_flex` is a torchtitan `@override` of `FlexAttention.Config` (native Qwen3 / MoE),
   activated by listing `qwen3_neuron.kernels.attention.sdpa.sdpa_for_flex` in
@@ -35,15 +35,21 @@ _last_dense_mask: tuple[BlockMask, torch.Tensor] | None = None
 
 
 def dense_mask(block_mask: BlockMask) -> torch.Tensor:
-    """The boolean (B, 1 or N, Q, K) mask, True where a query may attend to a key."""
+    """The boolean (B, 1 or N, Q, K) mask, True where a query may attend to a key.
+
+    Inside a compiled graph (torchtitan compiles each block) the mask is computed in the graph
+    and never cached: Dynamo would trace the cache hit once and keep returning that step's
+    mask, a stale one for every later batch (compiled losses drifted from eager from step 2)."""
     global _last_dense_mask
-    if _last_dense_mask is not None and _last_dense_mask[0] is block_mask:
+    compiling = torch.compiler.is_compiling()
+    if not compiling and _last_dense_mask is not None and _last_dense_mask[0] is block_mask:
         return _last_dense_mask[1]
     batch, heads = block_mask.shape[:2]
     q_len, kv_len = block_mask.seq_lengths
     device = block_mask.kv_num_blocks.device
     mask_BNQK = create_mask(block_mask.mask_mod, batch, heads, q_len, kv_len, device=device)
-    _last_dense_mask = (block_mask, mask_BNQK)
+    if not compiling:
+        _last_dense_mask = (block_mask, mask_BNQK)
     return mask_BNQK
 
 
