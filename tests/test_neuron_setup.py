@@ -1,0 +1,103 @@
+"""The trn2 set-up path (`scripts/setup_neuron.py`, `make setup-neuron`) keeps AWS's stack.
+
+Run for real, with pip, in a throwaway venv standing in for a Trainium instance's: torch,
+torch-neuronx and AWS's torchtitan fork (0.2.2+neuron.2) "installed" as small stand-in packages,
+the project's other dependencies as installed metadata at this venv's versions (so pip needs no
+index), pip and setuptools linked in from this venv. The project is a copy of pyproject.toml with
+the set-up script and an empty package, so the editable install writes nothing into this tree.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from setup_neuron import project_requirements, requirement_name  # noqa: E402
+
+FORK = "0.2.2+neuron.2"  # AWS's torchtitan-neuron on Neuron SDK 2.34
+STAND_INS = {"torch": "2.14.0", "torch-neuronx": "2.14.3.1", "torchtitan": FORK}
+
+
+def _dist(site: Path, name: str, version: str, module: str | None = None) -> None:
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    if module:
+        (site / module).mkdir()
+        (site / module / "__init__.py").write_text(f"# {name} {version}, installed before the project\n")
+
+
+def _link_from_this_venv(site: Path, dist_name: str) -> None:
+    dist = importlib.metadata.distribution(dist_name)
+    tops = {f.parts[0] for f in dist.files if f.parts[0] != ".." and not f.parts[0].endswith(".pth")}
+    for top in tops:
+        (site / top).symlink_to(dist.locate_file(top))
+
+
+def _instance(tmp_path: Path, kept: dict[str, str]) -> tuple[Path, Path, Path]:
+    """(python, site-packages, project copy) of a venv holding `kept` and the project's other deps."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    site = Path(purelib)
+    for name, version in kept.items():
+        _dist(site, name, version, module=name.replace("-", "_"))
+    for requirement in project_requirements():
+        name = requirement_name(requirement)
+        _dist(site, name, importlib.metadata.version(name))
+    for tool in ("pip", "setuptools"):
+        _link_from_this_venv(site, tool)
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    (project / "qwen3_neuron").mkdir()
+    (project / "qwen3_neuron" / "__init__.py").write_text("")
+    for name in ("pyproject.toml", "README.md", "scripts/setup_neuron.py"):
+        shutil.copy(ROOT / name, project / name)
+    return python, site, project
+
+
+def _versions(python: Path, names) -> dict[str, str]:
+    code = f"import importlib.metadata as m, json; print(json.dumps({{n: m.version(n) for n in {list(names)!r}}}))"
+    return json.loads(subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def test_the_trn2_setup_installs_the_project_and_leaves_torch_and_torchtitan_untouched(tmp_path):
+    python, site, project = _instance(tmp_path, STAND_INS)
+    kept_files = {path: path.read_bytes() for path in site.glob("torch*/__init__.py")}
+    result = subprocess.run(
+        [python, project / "scripts" / "setup_neuron.py", "--no-index", "--no-build-isolation", "--quiet"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _versions(python, [*STAND_INS, "qwen3-neuron"]) == {**STAND_INS, "qwen3-neuron": "0.1.0"}
+    assert {path: path.read_bytes() for path in site.glob("torch*/__init__.py")} == kept_files
+    assert sorted(p.name for p in site.glob("torchtitan*")) == ["torchtitan", "torchtitan-0.2.2+neuron.2.dist-info"]
+    assert f"kept torch 2.14.0, torch-neuronx 2.14.3.1, torchtitan {FORK}" in result.stdout
+
+
+@pytest.mark.parametrize("absent", ["torch-neuronx", "torchtitan"])
+def test_the_trn2_setup_refuses_an_environment_without_aws_stack(tmp_path, absent):
+    python, _, project = _instance(tmp_path, {k: v for k, v in STAND_INS.items() if k != absent})
+    result = subprocess.run([python, project / "scripts" / "setup_neuron.py"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert f"not installed in this environment ({python}): {absent}." in result.stderr
+    assert "How to set up TorchTitan Neuron" in result.stderr
+
+
+def test_the_trn2_setup_installs_every_dependency_of_the_project_but_torch_torchtitan_and_triton():
+    names = {requirement_name(r) for r in project_requirements()}
+    assert not names & {"torch", "torchtitan", "triton", "torch-neuronx"}
+    assert {"hydra-core", "transformers", "peft", "lm-eval", "pytest"} <= names
+
