@@ -1,22 +1,30 @@
-"""The trn2 set-up path (`scripts/setup_neuron.py`, `make setup-neuron`) keeps AWS's stack.
+"""The trn2 set-up path (`scripts/setup_neuron.py`, `make setup-neuron`) keeps AWS's stack, and the
+plan accepts whichever torchtitan is installed once it has the APIs the project uses.
 
 Run for real, with pip, in a throwaway venv standing in for a Trainium instance's: torch,
 torch-neuronx and AWS's torchtitan fork (0.2.2+neuron.2) "installed" as small stand-in packages,
 the project's other dependencies as installed metadata at this venv's versions (so pip needs no
 index), pip and setuptools linked in from this venv. The project is a copy of pyproject.toml with
 the set-up script and an empty package, so the editable install writes nothing into this tree.
+The API check is tested on this venv's torchtitan 0.3.0 with one of its APIs taken away.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import compose_config
+
+from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.planning.torchtitan_api import TorchtitanApi, check_torchtitan_api
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -101,3 +109,51 @@ def test_the_trn2_setup_installs_every_dependency_of_the_project_but_torch_torch
     assert not names & {"torch", "torchtitan", "triton", "torch-neuronx"}
     assert {"hydra-core", "transformers", "peft", "lm-eval", "pytest"} <= names
 
+
+
+# ---- the installed torchtitan's APIs, asked for by the plan --------------------------------------
+
+
+def test_a_torchtitan_lacking_an_api_stops_the_workers_plan_naming_it(tmp_path, monkeypatch):
+    """Local rank 0 checks before the plan imports them; the launcher prints the error (exit 2)."""
+    from torchtitan.components import lora
+
+    from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, Handoff
+    from qwen3_neuron.worker.plan import plan_for_the_launcher
+
+    monkeypatch.delattr(lora, "LoRAConverter")  # as in a torchtitan without LoRA
+    handoff, run_dir = Handoff("cpu", "test", os.getpid()), tmp_path / "run"
+    run_dir.mkdir()
+    handoff.request_plan(run_dir, {"composed": compose_config(), "launch": {}, "model_dir": None})
+    with pytest.raises(SystemExit) as stopped:
+        plan_for_the_launcher(run_dir, handoff)
+    assert stopped.value.code == PLAN_FAILED_EXIT
+    assert handoff.files(run_dir)["error"].read_text() == (
+        f"the installed torchtitan ({importlib.metadata.version('torchtitan')}) lacks what this project uses: "
+        "the LoRA converter (no torchtitan.components.lora.LoRAConverter; needed for finetune=lora (its module "
+        "is imported by every run's build)). The project is written against upstream torchtitan 0.3.0 "
+        "(pip install torchtitan==0.3.0); AWS's torchtitan-neuron works where it has these APIs."
+    )
+
+
+def test_an_api_is_asked_for_only_by_the_runs_that_use_it_and_a_module_that_fails_says_why():
+    hf_only = TorchtitanApi("the HF backend", "torchtitan.no_such_backend", ("Model",), "model=hf", model_kinds=("hf",))
+    check_torchtitan_api("native", (hf_only,))
+    with pytest.raises(ConfigError) as error:
+        check_torchtitan_api("hf", (hf_only,))
+    assert "lacks what this project uses: the HF backend (torchtitan.no_such_backend does not import: " \
+        "No module named 'torchtitan.no_such_backend'; needed for model=hf)." in str(error.value)
+
+
+def test_upstream_torchtitan_030_has_every_api_a_native_or_moe_run_uses():
+    check_torchtitan_api("native")
+    check_torchtitan_api("moe")
+
+
+def test_a_missing_field_of_trainer_config_is_named():
+    from torchtitan.trainer import Trainer
+
+    api = TorchtitanApi("Trainer.Config", "torchtitan.trainer", ("Trainer.Config.model_spec", "Trainer.Config.nope"), "x")
+    with pytest.raises(ConfigError, match=r"Trainer.Config \(no torchtitan.trainer.Trainer.Config.nope; needed for x\)"):
+        check_torchtitan_api("native", (api,))
+    assert "model_spec" in {f.name for f in dataclasses.fields(Trainer.Config)}
