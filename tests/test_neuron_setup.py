@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import compose_config
 
-from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
 from qwen3_neuron.planning.torchtitan_api import TorchtitanApi, check_torchtitan_api
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,3 +157,42 @@ def test_a_missing_field_of_trainer_config_is_named():
     with pytest.raises(ConfigError, match=r"Trainer.Config \(no torchtitan.trainer.Trainer.Config.nope; needed for x\)"):
         check_torchtitan_api("native", (api,))
     assert "model_spec" in {f.name for f in dataclasses.fields(Trainer.Config)}
+
+
+# ---- device=neuron: torch-neuronx before torchtitan -----------------------------------------------
+
+# A stand-in torch-neuronx: registers torch.neuron as TorchNeuron does, and notes whether torchtitan
+# was imported before it (torchtitan then read its device type without it).
+FAKE_TORCH_NEURONX = """
+import sys, types, torch
+TORCHTITAN_FIRST = any(name.split(".")[0] == "torchtitan" for name in sys.modules)
+torch.neuron = types.ModuleType("torch.neuron")
+"""
+WORKER = """
+import torch
+from qwen3_neuron.devices.fixes import install
+install("neuron")
+import torch_neuronx
+from torchtitan.tools import utils
+print(torch_neuronx.TORCHTITAN_FIRST, utils.device_type, utils.device_module is torch.neuron)
+"""
+
+
+def _worker_with(tmp_path, torch_neuronx_source: str) -> subprocess.CompletedProcess:
+    (tmp_path / "torch_neuronx").mkdir()
+    (tmp_path / "torch_neuronx" / "__init__.py").write_text(torch_neuronx_source)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    return subprocess.run([sys.executable, "-c", WORKER], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_device_neuron_imports_torch_neuronx_before_torchtitan(tmp_path):
+    result = _worker_with(tmp_path, FAKE_TORCH_NEURONX)
+    assert result.stdout.split() == ["False", "neuron", "True"], result.stderr[-2000:]
+
+
+def test_device_neuron_stops_when_torch_neuronx_does_not_import(monkeypatch):
+    from qwen3_neuron.devices import fixes
+
+    monkeypatch.setitem(sys.modules, "torch_neuronx", None)  # its import raises ImportError
+    with pytest.raises(DeviceUnavailableError, match=r"^device=neuron: torch-neuronx does not import: "):
+        fixes.install("neuron")
