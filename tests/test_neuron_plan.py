@@ -143,7 +143,8 @@ def test_validating_the_whole_set_is_refused(tmp_path, assets):
     with pytest.raises(ConfigError, match=r"^validator.steps=-1 with device=neuron and compile.enable=true: .* partial batch"):
         plan_for(tmp_path, *NEURON_COMPILE, "data=text", "validator.steps=-1", "data.val_fraction=0.5")
     plan = plan_for(tmp_path, *NEURON_COMPILE, "data=text", "data.val_fraction=0.5")
-    assert plan.static_shapes.endswith("training and validation batches 4 x 256 tokens (validator.steps=4)" + rules_here())
+    validated = "training and validation batches 4 x 256 tokens (validator.steps=4)"
+    assert plan.static_shapes.endswith(validated + rules_here())
 
 
 def test_finite_training_data_is_refused(tmp_path, assets):

@@ -153,8 +153,9 @@ def test_upstream_torchtitan_030_has_every_api_a_native_or_moe_run_uses():
 def test_a_missing_field_of_trainer_config_is_named():
     from torchtitan.trainer import Trainer
 
-    api = TorchtitanApi("Trainer.Config", "torchtitan.trainer", ("Trainer.Config.model_spec", "Trainer.Config.nope"), "x")
-    with pytest.raises(ConfigError, match=r"Trainer.Config \(no torchtitan.trainer.Trainer.Config.nope; needed for x\)"):
+    names = ("Trainer.Config.model_spec", "Trainer.Config.nope")  # a field, and one that is not there
+    api = TorchtitanApi("Trainer.Config", "torchtitan.trainer", names, "x")
+    with pytest.raises(ConfigError, match=r"Trainer.Config \(no torchtitan.trainer.Trainer.Config.nope; needed for x"):
         check_torchtitan_api("native", (api,))
     assert "model_spec" in {f.name for f in dataclasses.fields(Trainer.Config)}
 
