@@ -5,7 +5,9 @@ installed as the `torchtitan` package itself: `scripts/setup_neuron.py`). Their 
 say little about what each has, so the plan asks for the APIs themselves: each entry below is one
 API, the module and names the project imports from it, and what the project needs it for. A
 torchtitan lacking one stops the plan with a ConfigError naming it, instead of an ImportError from
-deep inside the plan's imports.
+deep inside the plan's imports. The config registry a run takes its base config from
+(`model.module`'s `config_registry`, `model.config_fn`) is the user's choice: the plan's
+`trainer_config.build.base_config` names it when it does not import or lacks the function.
 
 This module imports no torchtitan at its own import: `check_torchtitan_api` runs before
 `planning.plan` (which imports torchtitan.trainer) is imported, in the launcher's dry run and in
@@ -41,8 +43,8 @@ APIS = (
         "every run: the config the YAML's torchtitan sections fill, field by field",
     ),
     TorchtitanApi(
-        "the config registry", "torchtitan.config.configurable", ("Configurable", "Configurable.Config"),
-        "every run: model.config_fn's base config and every section's Config class",
+        "the Config classes", "torchtitan.config.configurable", ("Configurable", "Configurable.Config"),
+        "every run: each section of Trainer.Config is a component's Config",
     ),
     TorchtitanApi(
         "the ModelSpec swap", "torchtitan.protocols.model_spec", ("ModelSpec",),
