@@ -8,9 +8,9 @@ For an environment where torch-neuronx (TorchNeuron, with its torch build) and a
 0.3.0) are already installed. `pip install -e .` there would replace that torchtitan with
 upstream 0.3.0 (pyproject pins it), and `make setup` installs its own torch into its own venv.
 This installs the project's own dependencies (pyproject's, and the dev extra's for the tests),
-never torch or torchtitan: they and torch-neuronx are held at their installed versions by a pip
-constraints file, so a dependency that wanted another version makes pip fail instead of swapping
-them. Then the project itself, editable, with --no-deps. Whether that torchtitan has every API
+never torch or torchtitan: they, torch-neuronx and (where installed) neuronx-cc and nki are held at
+their installed versions by a pip constraints file, so a dependency that wanted another version
+makes pip fail instead of swapping them. Then the project itself, editable, with --no-deps. Whether that torchtitan has every API
 the project uses is checked by each launch's plan (qwen3_neuron/planning/torchtitan_api.py).
 """
 
@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Installed by AWS's set-up and kept as they are. triton is in pyproject only because upstream
 # torchtitan 0.3.0 imports it: the installed torchtitan's own requirements bring what it imports.
 KEPT = {"torch": "torch", "torch-neuronx": "torch_neuronx", "torchtitan": "torchtitan"}
+ALSO_HELD = ("neuronx-cc", "nki")  # the rest of AWS's stack, held too where installed
 NOT_OURS = {"triton"}
 NEURON_SETUP = (
     "Install AWS's stack first (Neuron docs: 'Install and verify torch-neuronx', then 'How to set up "
@@ -55,8 +56,8 @@ def requirement_name(requirement: str) -> str:
 
 
 def kept_versions() -> dict[str, str]:
-    """{distribution: installed version} of torch, torch-neuronx and torchtitan; exits (2) naming
-    what is missing."""
+    """{distribution: installed version} of torch, torch-neuronx and torchtitan (exits, 2, naming
+    what is missing), and of neuronx-cc and nki where installed."""
     found, missing = {}, []
     for dist, module in KEPT.items():
         try:
@@ -74,6 +75,11 @@ def kept_versions() -> dict[str, str]:
             file=sys.stderr,
         )
         sys.exit(2)
+    for dist in ALSO_HELD:
+        try:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
     return found
 
 
@@ -91,6 +97,12 @@ def main(pip_args: list[str]) -> None:
         sys.exit(f"setup_neuron: versions changed: {before} -> {after}")
     kept = ", ".join(f"{dist} {version}" for dist, version in after.items())
     print(f"setup_neuron: installed qwen3-neuron and its own dependencies; kept {kept}")
+    # what the constraints do not hold (e.g. a numpy that neuronx-cc pins), pip's own check reports;
+    # qwen3-neuron's torchtitan pin (against another torchtitan) and triton are expected there
+    check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
+    if check.returncode:
+        print("setup_neuron: pip check says (qwen3-neuron's torchtitan==0.3.0 and triton, upstream "
+              f"torchtitan's import, are expected there):\n{check.stdout}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -83,6 +83,7 @@ def _versions(python: Path, names) -> dict[str, str]:
 
 def test_the_trn2_setup_installs_the_project_and_leaves_torch_and_torchtitan_untouched(tmp_path):
     python, site, project = _instance(tmp_path, STAND_INS)
+    _dist(site, "neuronx-cc", "2.22.5")  # AWS's compiler: held too
     kept_files = {path: path.read_bytes() for path in site.glob("torch*/__init__.py")}
     result = subprocess.run(
         [python, project / "scripts" / "setup_neuron.py", "--no-index", "--no-build-isolation", "--quiet"],
@@ -92,7 +93,9 @@ def test_the_trn2_setup_installs_the_project_and_leaves_torch_and_torchtitan_unt
     assert _versions(python, [*STAND_INS, "qwen3-neuron"]) == {**STAND_INS, "qwen3-neuron": "0.1.0"}
     assert {path: path.read_bytes() for path in site.glob("torch*/__init__.py")} == kept_files
     assert sorted(p.name for p in site.glob("torchtitan*")) == ["torchtitan", "torchtitan-0.2.2+neuron.2.dist-info"]
-    assert f"kept torch 2.14.0, torch-neuronx 2.14.3.1, torchtitan {FORK}" in result.stdout
+    assert f"kept torch 2.14.0, torch-neuronx 2.14.3.1, torchtitan {FORK}, neuronx-cc 2.22.5\n" in result.stdout
+    assert _versions(python, ["neuronx-cc"]) == {"neuronx-cc": "2.22.5"}
+    assert f"has requirement torchtitan==0.3.0, but you have torchtitan {FORK}" in result.stdout  # pip check's
 
 
 @pytest.mark.parametrize("absent", ["torch-neuronx", "torchtitan"])
