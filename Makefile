@@ -14,7 +14,7 @@ PY := $(VENV)/bin/python
 TORCH_PIP_ARGS ?=
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup assets run test test-unit bench clean
+.PHONY: setup setup-neuron assets run test test-unit bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ $(VENV)/.installed: $(PY) pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed assets
+
+# A Trainium instance: into the active environment that holds AWS's torch-neuronx and torchtitan
+# (the torchtitan-neuron fork or upstream 0.3.0), the project and its own dependencies, never torch
+# or torchtitan (scripts/setup_neuron.py says how). `make setup-neuron PYTHON=python`;
+# PIP_ARGS="..." goes to pip.
+setup-neuron:
+	$(PYTHON) scripts/setup_neuron.py $(PIP_ARGS)
+	$(PYTHON) -m qwen3_neuron.assets
 
 assets: $(VENV)/.installed
 	$(PY) -m qwen3_neuron.assets

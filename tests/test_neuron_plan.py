@@ -15,6 +15,17 @@ from qwen3_neuron.planning.static_shapes import check_static_shapes
 NEURON_COMPILE = ["device=neuron", "run.dry_run=true", "compile.enable=true", "run.nproc_per_node=2"]
 MOE_NKI = ["experiment=trn2_qwen3_moe_nki", "run.dry_run=true"]
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
+SDK_233, SDK_234 = "2.14.3.0", "2.14.3.1"  # torch-neuronx of Neuron SDK 2.33 and 2.34
+
+
+def rules_here() -> str:
+    return f" (rules of {devices.neuron_sdk(devices.torch_neuronx_version())})"
+
+
+@pytest.fixture
+def torch_neuronx(monkeypatch):
+    """Plan as if this torch-neuronx version were installed."""
+    return lambda version: monkeypatch.setattr(devices, "torch_neuronx_version", lambda: version)
 
 
 @pytest.fixture(autouse=True)
@@ -44,6 +55,7 @@ def test_moe_nki_plan_names_the_cache_dir_and_what_the_static_shape_check_covere
         "MoE experts in 8 layer(s) by qwen3_neuron.kernels.moe.nki.nki_experts"
         + (" (planned; it cannot load here)" if devices.unavailable_reason("neuron") else "")
         + ", expert parallel 1"
+        + rules_here()
     )
 
 
@@ -79,21 +91,50 @@ def test_neuron_compiler_env_keeps_what_the_user_exported_and_sets_no_xla_era_va
 # ---- static shapes: refused before torchrun ------------------------------------------------------
 
 
-def test_torchtitans_grouped_experts_are_refused_naming_the_kernels_that_fit(tmp_path, assets):
+def test_torchtitans_grouped_experts_are_refused_naming_the_sdk_and_the_kernels_that_fit(
+    tmp_path, assets, torch_neuronx
+):
+    torch_neuronx(SDK_233)
     with pytest.raises(ConfigError) as refused:
         plan_for(tmp_path, *MOE_NKI, "kernels=none")
     message = str(refused.value)
     assert message.startswith("kernels=none leaves torchtitan's GroupedExperts in 8 MoE layer(s) "
                               "(model_spec.model.layers.0.moe.routed_experts.inner_experts, ...)")  # fmt: skip
     assert "torch._grouped_mm" in message and "kernels=nki" in message and "kernels=blockwise" in message
+    assert "Neuron's torch.compile takes static shapes only (Neuron SDK 2.33: torch-neuronx 2.14.3.0)" in message
+    assert message.endswith("(From Neuron SDK 2.34 on, torch-neuronx 2.13.3.1 / 2.14.3.1, TorchNeuron compiles "
+                            "torch._grouped_mm with its dynamic NKI kernels, and kernels=none passes.)")  # fmt: skip
+
+
+def test_on_neuron_sdk_234_torchtitans_grouped_experts_compile(tmp_path, assets, torch_neuronx):
+    """SDK 2.34's TorchTitan MoE recipes run upstream torch._grouped_mm, compiled (dynamic NKI kernels)."""
+    torch_neuronx(SDK_234)
+    plan = plan_for(tmp_path, *MOE_NKI, "kernels=none")
+    assert plan.static_shapes.endswith(
+        "MoE experts in 8 layer(s) by torchtitan's GroupedExperts (torch._grouped_mm, Neuron SDK 2.34's dynamic "
+        "NKI kernels), expert parallel 1 (rules of Neuron SDK 2.34: torch-neuronx 2.14.3.1)"
+    )
+
+
+@pytest.mark.parametrize("version, release", [
+    (None, "Neuron SDK 2.33: torch-neuronx is not installed here, the oldest TorchNeuron assumed"),
+    ("2.14.3.0", "Neuron SDK 2.33: torch-neuronx 2.14.3.0"),
+    ("2.13.3.1", "Neuron SDK 2.34: torch-neuronx 2.13.3.1"),
+    ("2.14.3.2", "Neuron SDK 2.34: torch-neuronx 2.14.3.2, newer than the releases this project knows"),
+    ("2.9.0.2.11", "Neuron SDK 2.33: torch-neuronx 2.9.0.2.11, older than TorchNeuron (Neuron SDK 2.33)"),
+])  # fmt: skip
+def test_the_neuron_sdk_is_read_from_the_torch_neuronx_version(version, release):
+    assert str(devices.neuron_sdk(version)) == release
 
 
 def test_blockwise_experts_pass(tmp_path, assets):
     plan = plan_for(tmp_path, *MOE_NKI, "kernels=blockwise")
-    assert plan.static_shapes.endswith(f"MoE experts in 8 layer(s) by {BLOCKWISE}, expert parallel 1")
+    assert plan.static_shapes.endswith(f"MoE experts in 8 layer(s) by {BLOCKWISE}, expert parallel 1" + rules_here())
 
 
-def test_expert_parallel_is_refused(tmp_path, assets):
+@pytest.mark.parametrize("version", [SDK_233, SDK_234])
+def test_expert_parallel_is_refused_on_every_sdk(tmp_path, assets, torch_neuronx, version):
+    torch_neuronx(version)
     with pytest.raises(ConfigError, match=r"parallelism.expert_parallel_degree=2 .* all-to-all .* Set parallelism.expert_parallel_degree=1"):  # fmt: skip
         plan_for(tmp_path, *MOE_NKI, "kernels=blockwise", "parallelism=ep")
 
@@ -102,7 +143,8 @@ def test_validating_the_whole_set_is_refused(tmp_path, assets):
     with pytest.raises(ConfigError, match=r"^validator.steps=-1 with device=neuron and compile.enable=true: .* partial batch"):
         plan_for(tmp_path, *NEURON_COMPILE, "data=text", "validator.steps=-1", "data.val_fraction=0.5")
     plan = plan_for(tmp_path, *NEURON_COMPILE, "data=text", "data.val_fraction=0.5")
-    assert plan.static_shapes.endswith("training and validation batches 4 x 256 tokens (validator.steps=4)")
+    validated = "training and validation batches 4 x 256 tokens (validator.steps=4)"
+    assert plan.static_shapes.endswith(validated + rules_here())
 
 
 def test_finite_training_data_is_refused(tmp_path, assets):

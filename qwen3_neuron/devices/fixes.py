@@ -20,7 +20,8 @@ from datetime import timedelta
 
 import torch
 
-from qwen3_neuron.devices.policy import _check_known, _flex_attention_trains_on_cpu, _torch_neuron_module
+from qwen3_neuron.devices.policy import _check_known, _flex_attention_trains_on_cpu
+from qwen3_neuron.errors import DeviceUnavailableError
 
 _HF_BACKEND_MODEL = "torchtitan.experiments.transformers_modeling_backend.model"
 
@@ -39,13 +40,27 @@ def install(device_type: str) -> None:
         _route_hf_flex_attention_to_sdpa()  # fix 5 (fix 4 is an override: override_imports)
         _build_block_masks_without_compiling()  # fix 8
     elif device_type == "neuron":
-        # Registers torch.neuron and the `neuron` backend (torch autoloads it unless
-        # TORCH_DEVICE_BACKEND_AUTOLOAD=0, in which case the import is required).
-        neuron = _torch_neuron_module()
-        if neuron is not None:
-            _point_torchtitan_at("neuron", neuron)
+        _point_torchtitan_at("neuron", _import_torch_neuronx())
         _after_import(_HF_BACKEND_MODEL, _use_hf_sdpa_attention)  # no flex_attention on Neuron
     # cuda: torchtitan's own pick (tools/utils.py get_device_info) is already right.
+
+
+def _import_torch_neuronx() -> types.ModuleType:
+    """`torch.neuron`, from importing torch-neuronx, which registers it and the `neuron` process-group
+    backend. torchtitan reads the device type when it is imported: this comes first (torch autoloads
+    torch-neuronx too, unless TORCH_DEVICE_BACKEND_AUTOLOAD=0). A failure stops the worker here,
+    not as a "cuda" device torchtitan falls back to."""
+    try:
+        importlib.import_module("torch_neuronx")
+    except ImportError as e:
+        raise DeviceUnavailableError(f"device=neuron: torch-neuronx does not import: {e}") from e
+    neuron = getattr(torch, "neuron", None)
+    if neuron is None:
+        raise DeviceUnavailableError(
+            "device=neuron: torch-neuronx imported but registered no torch.neuron device: TorchNeuron is "
+            "torch-neuronx 2.13.3 / 2.14.3 and later (Neuron SDK 2.33+); older ones are PyTorch/XLA's."
+        )
+    return neuron
 
 
 # ---- fixes 1 and 2: torchtitan's device pick and a CPU device module -------------------------

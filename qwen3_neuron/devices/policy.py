@@ -44,9 +44,12 @@ import functools
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import os
+import re
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
@@ -217,6 +220,51 @@ def neff_cache_dir(requested: str | None) -> tuple[Path, str]:
 
 def _absolute(path: str) -> Path:
     return Path(path).expanduser().absolute()
+
+
+# ---- the Neuron SDK: which TorchNeuron's rules apply -----------------------------------------
+
+# torch-neuronx's version after torch's major.minor -> its Neuron SDK release (the TorchNeuron
+# release notes: 2.13.3.0 / 2.14.3.0 are SDK 2.33, 2.13.3.1 / 2.14.3.1 are SDK 2.34).
+NEURON_SDK_RELEASES = {(3, 0): (2, 33), (3, 1): (2, 34)}
+
+
+@dataclass(frozen=True)
+class NeuronSdk:
+    """The Neuron SDK whose rules the plan applies, and where that came from."""
+
+    release: tuple[int, int]
+    source: str  # the torch-neuronx it was read from, or why its rules are assumed
+
+    @property
+    def name(self) -> str:
+        return f"Neuron SDK {self.release[0]}.{self.release[1]}"
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.source}"
+
+
+def torch_neuronx_version() -> str | None:
+    """The installed torch-neuronx's version (read from its metadata, not imported)."""
+    try:
+        return importlib.metadata.version("torch-neuronx")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def neuron_sdk(torch_neuronx: str | None) -> NeuronSdk:
+    """The Neuron SDK of a torch-neuronx version. None (not installed: a dry run elsewhere) and
+    versions older than the known releases get the oldest's rules, newer ones the newest's."""
+    oldest, newest = min(NEURON_SDK_RELEASES.values()), max(NEURON_SDK_RELEASES.values())
+    if torch_neuronx is None:
+        return NeuronSdk(oldest, "torch-neuronx is not installed here, the oldest TorchNeuron assumed")
+    parts = re.match(r"\d+\.\d+\.(\d+)\.(\d+)", torch_neuronx)
+    key = (int(parts[1]), int(parts[2])) if parts else (-1, -1)
+    if key in NEURON_SDK_RELEASES:
+        return NeuronSdk(NEURON_SDK_RELEASES[key], f"torch-neuronx {torch_neuronx}")
+    if key > max(NEURON_SDK_RELEASES):
+        return NeuronSdk(newest, f"torch-neuronx {torch_neuronx}, newer than the releases this project knows")
+    return NeuronSdk(oldest, f"torch-neuronx {torch_neuronx}, older than TorchNeuron (Neuron SDK 2.33)")
 
 
 # ---- device availability ---------------------------------------------------------------------

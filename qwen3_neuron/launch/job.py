@@ -192,6 +192,9 @@ def _sweeper_direction(hydra_config) -> str | None:
 
 def _plan_only(settings: Settings, hydra_job: _HydraJob, composed: dict, model_dir: HFModelDir | None) -> JobOutcome:
     """A dry run or `run.show_data`: the plan, made and recorded here (importing torchtitan)."""
+    from qwen3_neuron.planning.torchtitan_api import check_torchtitan_api
+
+    check_torchtitan_api(settings.model.kind)  # before the plan's modules import those APIs
     from qwen3_neuron.planning.plan import make_plan  # imports torchtitan (seconds)
 
     quiet_console(settings.run.verbose)

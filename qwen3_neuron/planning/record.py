@@ -32,7 +32,10 @@ from qwen3_neuron.run_dir import (
     write_json,
 )  # fmt: skip
 
-PACKAGES = ("torch", "torchtitan", "transformers", "hydra-core", "omegaconf", "safetensors", "tokenizers")
+# torch-neuronx: which Neuron SDK's static-shape rules a neuron plan applied (None elsewhere)
+PACKAGES = (
+    "torch", "torch-neuronx", "torchtitan", "transformers", "hydra-core", "omegaconf", "safetensors", "tokenizers",
+)  # fmt: skip
 
 
 def record_plan(plan, run_dir: Path, messages: list[str]) -> PlannedRun:

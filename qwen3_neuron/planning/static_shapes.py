@@ -17,7 +17,12 @@ sees has a shape fixed by the config alone:
   rows; the blockwise layout (`kernels=blockwise|nki`) pads the routed rows into a number of
   fixed-size blocks bounded from shapes alone (`kernels/moe/block_layout.py`).
 
-Each refusal names the keys and the way out; `check_static_shapes` returns the plan's line.
+The rules are those of the installed torch-neuronx's Neuron SDK (`devices.neuron_sdk`; where none is
+installed, a dry run elsewhere, the oldest TorchNeuron's, SDK 2.33). From SDK 2.34 on, TorchNeuron
+compiles `torch._grouped_mm` with data-dependent group sizes (its dynamic NKI kernels, on by default;
+AWS's TorchTitan MoE recipes moved from blockwise kernels to it), so `kernels=none` passes there;
+its recipes use no expert parallelism, which stays refused. Each refusal names the keys, the SDK
+and the way out; `check_static_shapes` returns the plan's line.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.trainer import Trainer
 
 from qwen3_neuron.data.loader import PackedDataLoader
+from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.models.hf.model_dir import HFModelDir
 from qwen3_neuron.planning.layout import resolve_degrees
@@ -48,7 +54,7 @@ PACKED_LOADERS = (
     InterleavedChatDataLoader.Config,
 )
 STATIC_EXPERTS = "kernels=nki (Trainium's NKI kernel) or kernels=blockwise (the same blocks in plain torch)"
-WHY = "Neuron's torch.compile takes static shapes only"
+GROUPED_MM_COMPILES = (2, 34)  # the first Neuron SDK whose compile takes torch._grouped_mm's group sizes
 
 
 def check_static_shapes(
@@ -63,41 +69,43 @@ def check_static_shapes(
     what was checked, for the plan. `replacements`: torchtitan's override log lines;
     `unapplied_factories`: kernel factories a dry run could not load (their device is absent),
     counted as applied - their @override targets GroupedExperts exactly, as blockwise's does."""
-    batch = _check_batches(config)
-    experts = _check_experts(config, world_size, replacements, unapplied_factories, model_dir)
-    return f"static shapes for compile.backend={config.compile.backend}: {batch}{experts}"
+    sdk = devices.neuron_sdk(devices.torch_neuronx_version())
+    why = f"Neuron's torch.compile takes static shapes only ({sdk})"
+    batch = _check_batches(config, why)
+    experts = _check_experts(config, world_size, replacements, unapplied_factories, model_dir, sdk, why)
+    return f"static shapes for compile.backend={config.compile.backend}: {batch}{experts} (rules of {sdk})"
 
 
-def _check_batches(config: Trainer.Config) -> str:
+def _check_batches(config: Trainer.Config, why: str) -> str:
     shape = f"{config.training.local_batch_size} x {config.training.seq_len}"
-    _check_loader(config.dataloader, "dataloader")
+    _check_loader(config.dataloader, "dataloader", why)
     if _finite(config.dataloader):
         raise ConfigError(
             f"dataloader.infinite=false with device=neuron and compile.enable=true: the last batch of "
             f"a finite pass is partial (fewer than training.local_batch_size rows), a new shape that "
-            f"recompiles ({WHY}). Set dataloader.infinite=true (the data re-loops) or compile.enable=false."
+            f"recompiles ({why}). Set dataloader.infinite=true (the data re-loops) or compile.enable=false."
         )
     validator = config.validator
     if not validator.enable:
         return f"training batches {shape} tokens, no validation"
-    _check_loader(validator.dataloader, "validator.dataloader")
+    _check_loader(validator.dataloader, "validator.dataloader", why)
     if validator.steps == -1:
         raise ConfigError(
             "validator.steps=-1 with device=neuron and compile.enable=true: a pass over the whole "
             "validation set ends with a partial batch, a shape the training batches never had, which "
-            f"recompiles ({WHY}). Set validator.steps=N (batches per validation; the loader then "
+            f"recompiles ({why}). Set validator.steps=N (batches per validation; the loader then "
             "re-loops and every batch is full)."
         )
     return f"training and validation batches {shape} tokens (validator.steps={validator.steps})"
 
 
-def _check_loader(loader, key: str) -> None:
+def _check_loader(loader, key: str, why: str) -> None:
     if isinstance(loader, PACKED_LOADERS):
         return
     name = f"{type(loader).__module__}.{type(loader).__qualname__}"
     raise ConfigError(
         f"{key} is {name}, which the plan cannot show packs every sample to exactly "
-        f"training.seq_len: variable-length samples give every batch a new shape, and {WHY}. "
+        f"training.seq_len: variable-length samples give every batch a new shape, and {why}. "
         "Use data=text|chat|mix (packed to seq_len, positions per document) or torchtitan's own "
         "loaders, or set compile.enable=false."
     )
@@ -110,12 +118,12 @@ def _finite(loader) -> bool:
     return not getattr(loader, "infinite", True)
 
 
-def _check_experts(config, world_size, replacements, unapplied_factories, model_dir) -> str:
+def _check_experts(config, world_size, replacements, unapplied_factories, model_dir, sdk, why) -> str:
     if model_dir is not None and model_dir.is_moe:
         raise ConfigError(
             f"model=hf with a mixture-of-experts dir ({model_dir.path}, {model_dir.num_experts} experts) "
             "and compile.enable=true on device=neuron: its experts route tokens with data-dependent "
-            f"shapes, and {WHY}. The kernels options replace model=moe's experts only: train it as "
+            f"shapes, and {why}. The kernels options replace model=moe's experts only: train it as "
             f"model=moe with {STATIC_EXPERTS}, or set compile.enable=false."
         )
     experts = _grouped_experts_nodes(config.model_spec.model, "model_spec.model")
@@ -126,24 +134,30 @@ def _check_experts(config, world_size, replacements, unapplied_factories, model_
         raise ConfigError(
             f"parallelism.expert_parallel_degree={ep} with device=neuron and compile.enable=true: "
             "expert parallelism's all-to-all hands each rank a number of routed rows that depends on "
-            f"the routing, and {WHY}. Set parallelism.expert_parallel_degree=1 (e.g. parallelism=fsdp: "
+            f"the routing, and {why}. Set parallelism.expert_parallel_degree=1 (e.g. parallelism=fsdp: "
             f"every rank runs every expert on its own tokens) with {STATIC_EXPERTS}."
         )
     replaced = {line.partition(": ")[2].split(" ")[0] for line in replacements}
     left = [fqn for fqn in experts if fqn not in replaced]
-    if left and not unapplied_factories:
+    grouped_mm_compiles = sdk.release >= GROUPED_MM_COMPILES
+    if left and not unapplied_factories and not grouped_mm_compiles:
         raise ConfigError(
             f"kernels=none leaves torchtitan's GroupedExperts in {len(left)} MoE layer(s) ({left[0]}, ...) "
             "with device=neuron and compile.enable=true: they run torch._grouped_mm over per-expert "
-            f"token counts read from the routing (data-dependent group sizes), and {WHY}. Use "
+            f"token counts read from the routing (data-dependent group sizes), and {why}. Use "
             f"{STATIC_EXPERTS}: routed tokens padded into fixed-size blocks (kernels.block_size), "
-            "a block count bounded from the batch shape alone. Or set compile.enable=false."
+            "a block count bounded from the batch shape alone. Or set compile.enable=false. (From Neuron "
+            "SDK 2.34 on, torch-neuronx 2.13.3.1 / 2.14.3.1, TorchNeuron compiles torch._grouped_mm with its "
+            "dynamic NKI kernels, and kernels=none passes.)"
         )
-    if left:
+    if left and unapplied_factories:
         how = f"{', '.join(unapplied_factories)} (planned; it cannot load here)"
     else:
         how = ", ".join(sorted({line.removeprefix("[Override] ").partition(": ")[0] for line in replacements
                                 if line.partition(": ")[2].split(" ")[0] in experts}))  # fmt: skip
+        if left:  # grouped_mm_compiles
+            grouped = f"torchtitan's GroupedExperts (torch._grouped_mm, {sdk.name}'s dynamic NKI kernels)"
+            how = f"{how} and {grouped} in {len(left)}" if how else grouped
     return f"; MoE experts in {len(experts)} layer(s) by {how}, expert parallel 1"
 
 

@@ -86,8 +86,9 @@ def base_config(module: str, config_fn: str) -> Trainer.Config:
     registry_name = _registry_name(module)
     try:
         registry = importlib.import_module(registry_name)
-    except ModuleNotFoundError as e:
-        # torchtitan's own loader hides this cause (e.g. a missing `triton`): say it.
+    except ImportError as e:
+        # torchtitan's own loader hides this cause (e.g. a missing `triton`, or a name another
+        # torchtitan lacks): say it.
         raise ConfigError(f"model.module={module}: cannot import {registry_name}: {e}") from e
     functions = sorted(
         name for name, fn in inspect.getmembers(registry, inspect.isfunction)

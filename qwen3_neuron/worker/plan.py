@@ -25,8 +25,7 @@ def plan_for_the_launcher(run_dir: Path, handoff: Handoff) -> Plan:
     from qwen3_neuron.config.torchrun import WorkerLaunch
     from qwen3_neuron.errors import ConfigError
     from qwen3_neuron.models.hf.model_dir import HFModelDir
-    from qwen3_neuron.planning.plan import make_plan
-    from qwen3_neuron.planning.record import record_plan
+    from qwen3_neuron.planning.torchtitan_api import check_torchtitan_api
 
     print(PLANNING_LINE, flush=True)
     request = handoff.read_request(run_dir)
@@ -34,6 +33,10 @@ def plan_for_the_launcher(run_dir: Path, handoff: Handoff) -> Plan:
     model_dir = HFModelDir(Path(found["path"]), found["config"]) if found else None
     messages: list[str] = []
     try:
+        check_torchtitan_api(request["composed"]["model"]["kind"])  # before the plan's modules import them
+        from qwen3_neuron.planning.plan import make_plan
+        from qwen3_neuron.planning.record import record_plan
+
         plan = make_plan(request["composed"], run_dir, WorkerLaunch(**request["launch"]), model_dir, messages.append)
         loads = _checked_checkpoint(plan, messages.append)
         planned = dataclasses.replace(record_plan(plan, run_dir, messages), checkpoint=loads)

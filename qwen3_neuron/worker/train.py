@@ -36,24 +36,30 @@ def main(run_dir: Path) -> None:
     device = handoff.device if handoff else read_job(run_dir)["device"]["type"]
     install(device)  # before torchtitan modules copy the device type at import
 
-    import torch
-    from torchtitan.observability import structured_logger as sl
-    from torchtitan.tools.logging import init_logger, logger
-
-    from qwen3_neuron.config.job import Job
-    from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
-    from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
-    from qwen3_neuron.finetune.step_seed import seed_each_step
-    from qwen3_neuron.hf_io.export import exports_hf
-    from qwen3_neuron.trainer_config.build import build_trainer_config
-    from qwen3_neuron.worker.plan import plan_for_the_launcher
-    from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
-    from qwen3_neuron.worker.what_ran import record_what_ran
-
     plan = None
-    if handoff:  # started before the plan: local rank 0 makes it; every rank builds once the launcher says go
-        if os.environ.get("LOCAL_RANK") == "0":
-            plan = plan_for_the_launcher(run_dir, handoff)
+    if handoff and os.environ.get("LOCAL_RANK") == "0":
+        # started before the plan: local rank 0 makes it, checking torchtitan's APIs before importing them
+        from qwen3_neuron.worker.plan import plan_for_the_launcher
+
+        plan = plan_for_the_launcher(run_dir, handoff)
+    try:  # the other ranks import meanwhile
+        import torch
+        from torchtitan.observability import structured_logger as sl
+        from torchtitan.tools.logging import init_logger, logger
+
+        from qwen3_neuron.config.job import Job
+        from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
+        from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
+        from qwen3_neuron.finetune.step_seed import seed_each_step
+        from qwen3_neuron.hf_io.export import exports_hf
+        from qwen3_neuron.trainer_config.build import build_trainer_config
+        from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
+        from qwen3_neuron.worker.what_ran import record_what_ran
+    except ImportError:
+        if handoff:  # a torchtitan lacking an API: local rank 0's plan names it, and this rank exits then
+            handoff.wait_for_go(run_dir)
+        raise
+    if handoff:  # every rank builds once the launcher says go
         handoff.wait_for_go(run_dir)
     init_logger()
     if plan is not None:  # local rank 0 of this launch: the job and config it planned and checked
