@@ -236,10 +236,11 @@ def _carry_path(out: Path, repo: Path) -> str:
         return str(out.resolve())  # not carried from there: the tool carries paths inside the checkout only
 
 
-def budget(calls: list[Call], estimates: dict[str, float], budget_s: float = DEVICE_BUDGET_S) -> dict[str, object]:
-    """Device time: the calls' transfers and gaps, then the last command (install, tests, rows) in
-    what is left; rows in their order while they fit, the rest skipped."""
-    transfers = sum(call.estimate_s for call in calls)
+def budget(calls: list[Call], estimates: dict[str, float], budget_s: float = DEVICE_BUDGET_S,
+           from_call: int = 1) -> dict[str, object]:  # fmt: skip
+    """Device time from call `from_call` on, with `budget_s` left: the calls' transfers and gaps, then
+    the last command (install, tests, rows) in what is left; rows in their order while they fit."""
+    transfers = sum(call.estimate_s for call in calls[from_call - 1 :])
     left = budget_s - transfers - estimates["close"]
     command_s = min(left, COMMAND_LIMIT_S)
     rows_left = command_s - estimates["install"] - estimates["tests"] - estimates["setup"]
@@ -252,6 +253,7 @@ def budget(calls: list[Call], estimates: dict[str, float], budget_s: float = DEV
             skipped.append(row)
     return {
         "budget_s": budget_s,
+        "from_call": from_call,
         "transfers_s": transfers,
         "last_command_s": command_s,
         "rows_that_fit": fits,
@@ -278,10 +280,16 @@ def write_plan(out: Path, calls: list[Call], budgeted: dict[str, object], facts:
         carried = ", ".join(Path(c).name for c in call.carry)
         lines.append(f"| {call.number} | {carried} | {call.carried_bytes / MiB:.1f} | `{call.command}` | "
                      f"{call.estimate_s:.0f} |")  # fmt: skip
+    if budgeted["rows_that_fit"]:
+        verdict = f"torch {facts['torch_wheel'].split('-')[1]} and the check fit: make the calls in a row"
+    else:
+        verdict = ("NO ROW FITS after the transfers: send no (more) parts; run the image-only fallback in one call "
+                   "(`bash bench/gpu_check_offline.sh probe`)")  # fmt: skip
     lines += [
         "",
-        f"device time: {budgeted['budget_s']} s = calls {budgeted['transfers_s']:.0f} s (first: the machine's "
-        f"start) + last command {budgeted['last_command_s']:.0f} s (install {estimates['install']}, tests "
+        verdict,
+        f"device time from call {budgeted['from_call']}: {budgeted['budget_s']:g} s = calls "
+        f"{budgeted['transfers_s']:.0f} s (call 1: the machine's start too) + last command {budgeted['last_command_s']:.0f} s (install {estimates['install']}, tests "
         f"{estimates['tests']}, set-up {estimates['setup']}, rows) + give_back {estimates['close']}",
         f"rows that fit, in order: {', '.join(budgeted['rows_that_fit']) or 'none'}; "
         f"skipped: {', '.join(budgeted['rows_skipped']) or 'none'} (spare {budgeted['spare_s']:.0f} s)",
@@ -308,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch", default=metadata.version("torch").split("+")[0], help="torch version to download")
     parser.add_argument("--torch-wheel", type=Path, help="split this wheel instead of downloading one")
     parser.add_argument("--plan-only", action="store_true", help="re-plan from what OUT holds (no download)")
+    parser.add_argument("--budget-s", type=float, default=DEVICE_BUDGET_S, help="device time left (status)")
+    parser.add_argument("--from-call", type=int, default=1, help="the next call's number (re-planning midway)")
     for name, seconds in ESTIMATES_S.items():
         parser.add_argument(f"--{name}-s", type=float, default=seconds, help=f"estimate (default {seconds} s)")
     args = parser.parse_args(argv)
@@ -344,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     if over:
         raise SystemExit(f"calls {over} would carry over {CALL_LIMIT_BYTES // MiB} MiB: the tree grew to {tree:,} "
                          f"bytes; prepare again (without --plan-only) to cut smaller parts")  # fmt: skip
-    print(write_plan(out, calls, budget(calls, estimates), facts, estimates))
+    print(write_plan(out, calls, budget(calls, estimates, args.budget_s, args.from_call), facts, estimates))
     return 0
 
 

@@ -82,6 +82,10 @@ def test_the_budget_keeps_the_rows_in_order_and_skips_from_the_first_that_does_n
     assert planned["rows_that_fit"] == ["native", "hf"]
     assert planned["rows_skipped"] == ["moe kernels=none", "moe kernels=blockwise", "native compile"]
     assert budget(calls, ESTIMATES_S, budget_s=900)["last_command_s"] <= 600  # one command's limit
+    assert budget(calls, ESTIMATES_S, budget_s=fixed)["rows_that_fit"] == []  # the plan then says: no parts
+    midway = budget(calls, ESTIMATES_S, budget_s=two_rows, from_call=2)  # call 1 (the start) made already
+    assert midway["transfers_s"] == sum(c.estimate_s for c in calls[1:])
+    assert midway["rows_that_fit"][:3] == ["native", "hf", "moe kernels=none"]
 
 
 def run_offline(*args: str) -> subprocess.CompletedProcess:
