@@ -6,6 +6,9 @@
 #   bash bench/gpu_check.sh                 # CUDA, real shapes, about 6 minutes on one H200
 #   bash bench/gpu_check.sh --device cpu    # tiny shapes on one CPU rank: proves the script end to end
 #
+# On a machine with no network (the device tool's H200): bench/gpu_check_prepare.py here, then the
+# calls its plan lists (bench/gpu_check_offline.sh there), which end in this script.
+#
 # Output: printed, and in $OUT (default outputs/gpu_check/<time>): gpu_check.log (all of it),
 # results.md (the table), results.json, runs.tar.gz (each run's log, summary and configs).
 # Environment: PY=<python> uses an interpreter that is already set up instead of `make setup`

@@ -97,7 +97,8 @@ esac
 joined=$(grep ' joined/' "$dir/SHA256SUMS" | awk '{print $2}')
 mkdir -p "$dir/joined"
 cat "$dir/parts/${joined#joined/}".part* >"$dir/$joined"
-(cd "$dir" && sha256sum -c --quiet SHA256SUMS) || { echo "a file does not match SHA256SUMS" >&2; exit 1; }
+(cd "$dir" && sha256sum -c --quiet SHA256SUMS) ||
+    { echo "a file above is missing or does not match SHA256SUMS (the last call carries wheels/ too)" >&2; exit 1; }
 echo "$joined and $(ls "$dir"/wheels/*.whl | wc -l) wheels match SHA256SUMS"
 
 phase "install into $SITE (no index, no dependencies)"
