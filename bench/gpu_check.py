@@ -18,8 +18,10 @@ One rank: torchtitan then shards nothing (FSDP degree 1) and runs the matmuls un
 `training.mixed_precision_param` (bfloat16 on CUDA; on CPU the dtype launch.py picks). Each run takes
 `warmup` untimed steps, then `timed` steps: tokens/s is the median of torchtitan's per-step `tps`; MFU is
 tokens/s x torchtitan's FLOPs per token / the peak FLOP/s launch.py measured for this device and dtype
-(its run dir's metrics.jsonl and peak_flops.json), for both sides alike (torchtitan's own MFU divides by
-its GPU table). Both sides train the same seed on the same data, so their losses must agree.
+(its run dir's metrics.jsonl and peak_flops.json), for both sides alike. On a GPU torchtitan's table names
+(H100, H200: 989 TFLOP/s bf16 dense), two more columns divide the same tokens/s by that data-sheet peak,
+as torchtitan's own MFU does: those compare with torchtitan's published MFU. Both sides train the same
+seed on the same data, so their losses must agree.
 
 Each launch.py run's trainer_config.json is compared with the Trainer.Config bare torchtitan builds
 from the same flags (torchtitan's ConfigManager): the fields that differ are printed under the table.
@@ -48,6 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.side_by_side import RunFailed, Timing, bare_command, bare_flag, launch_command, timed_training
 from qwen3_neuron.assets.build import DATASET_NAME, EOS_TOKEN, build_assets
+from qwen3_neuron.report.peak_flops import datasheet_peak_flops
 from qwen3_neuron.run_dir import PEAK_FLOPS_FILE, read_json, read_metrics
 
 
@@ -91,6 +94,7 @@ class Row:
     peak_flops: float | None = None  # launch.py's measured peak FLOP/s per rank (its peak_flops.json)
     flops_per_token: float | None = None  # torchtitan's count for the model (launch.py's metrics.jsonl)
     errors: list[str] = field(default_factory=list)
+    skipped: bool = False  # it would not have fitted in the budget (said in errors): no failure
     config_diff: list[str] = field(default_factory=list)
 
     @property
@@ -232,6 +236,7 @@ def run_rows(args, table: list[Row], sizes: Sizes, runs: Path) -> None:
         expected = max(eager_walls, default=0) * (1 if row.bare_from else 2) * (COMPILE_FACTOR if row.compiled else 1)
         if left < expected:
             row.errors.append(f"skipped: {left:.0f} s of the budget left, it should take {expected:.0f} s")
+            row.skipped = True
             print(f"-- {row.name}: {row.errors[-1]}", flush=True)
             continue
         bare_settings = {**row.settings, **row.bare_only, "dump_folder": runs / f"{slug}-bare"}
@@ -279,12 +284,13 @@ def _timed(row: Row, side: str, command: list[str], log: Path, sizes: Sizes) -> 
 # ---- report ------------------------------------------------------------------------------------
 
 
-def mfu(row: Row, timing: Timing | None) -> float | None:
-    """tokens/s x FLOPs per token / peak, both sides with launch.py's FLOPs per token and peak
-    (torchtitan prints TFLOP/s with two decimals: too coarse for a CPU)."""
-    if timing is None or not row.flops_per_token or not row.peak_flops:
+def mfu(row: Row, timing: Timing | None, peak: float | None = None) -> float | None:
+    """tokens/s x FLOPs per token / peak (default: launch.py's measured one), both sides with launch.py's
+    FLOPs per token (torchtitan prints TFLOP/s with two decimals: too coarse for a CPU)."""
+    peak = peak or row.peak_flops
+    if timing is None or not row.flops_per_token or not peak:
         return None
-    return timing.tps * row.flops_per_token / row.peak_flops
+    return timing.tps * row.flops_per_token / peak
 
 
 def loss_difference(row: Row) -> float | None:
@@ -307,34 +313,50 @@ COLUMNS = ("config", "bare tok/s", "ours tok/s", "ratio", "bare MFU", "ours MFU"
            "bare 1st step s", "ours 1st step s")  # fmt: skip
 
 
-def table_lines(table: list[Row]) -> list[str]:
-    """The Markdown table: absolute values and ours/bare ratios, one row per training."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+SHEET_COLUMNS = ("bare MFU sheet", "ours MFU sheet")
+
+
+def percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.2f}%"
+
+
+def table_lines(table: list[Row], sheet_peak: float | None = None) -> list[str]:
+    """The Markdown table: absolute values and ours/bare ratios, one row per training; with
+    `sheet_peak`, the MFU against that data-sheet peak too."""
+    columns = COLUMNS + (SHEET_COLUMNS if sheet_peak else ())
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     for row in table:
         bare_tps = row.bare.tps if row.bare else None
         ours_tps = row.ours.tps if row.ours else None
         bare_mfu, ours_mfu = mfu(row, row.bare), mfu(row, row.ours)
         cells = [
             row.name, fmt(bare_tps, ",.0f"), fmt(ours_tps, ",.0f"), fmt(ratio(ours_tps, bare_tps), ".3f"),
-            fmt(bare_mfu and 100 * bare_mfu, ".2f") + ("%" if bare_mfu else ""),
-            fmt(ours_mfu and 100 * ours_mfu, ".2f") + ("%" if ours_mfu else ""),
-            fmt(loss_difference(row), ".2g"),
+            percent(bare_mfu), percent(ours_mfu), fmt(loss_difference(row), ".2g"),
             fmt(row.bare and row.bare.first_step_s, ".1f"), fmt(row.ours and row.ours.first_step_s, ".1f"),
         ]  # fmt: skip
+        if sheet_peak:
+            cells += [percent(mfu(row, row.bare, sheet_peak)), percent(mfu(row, row.ours, sheet_peak))]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def report(table: list[Row], args, sizes: Sizes, out: Path) -> str:
     peaks = {row.peak_flops for row in table if row.peak_flops}
+    device_name = _device_name(args.device)
+    sheet_peak = datasheet_peak_flops(device_name) if args.device == "cuda" else None
+    sheet_note = [
+        f"MFU sheet = the same tok/s x FLOPs/token / the data-sheet peak torchtitan's MFU uses for this GPU "
+        f"({sheet_peak / 1e12:g} TFLOP/s bf16 dense): comparable with torchtitan's published MFU"
+    ] if sheet_peak else []  # fmt: skip
     lines = [
-        f"device {args.device} ({_device_name(args.device)}), 1 rank, seq_len {sizes.seq_len} x local batch "
+        f"device {args.device} ({device_name}), 1 rank, seq_len {sizes.seq_len} x local batch "
         f"{sizes.local_batch_size}, {sizes.warmup} warm-up + {sizes.timed} timed steps per run",
-        *table_lines(table),
+        *table_lines(table, sheet_peak),
         "ratio = ours / bare (launch.py / bare torchtitan): tok/s per device, median over the timed steps;",
         "MFU = tok/s x torchtitan's FLOPs/token / the peak launch.py measured ("
         + (", ".join(f"{p / 1e12:.4g} TFLOP/s" for p in sorted(peaks)) or "none measured")
         + "), the same for both sides, so the MFU ratio is the tok/s ratio;",
+        *sheet_note,
         "loss max diff: largest |ours - bare| loss over all steps (same seed and data: 0 when the configs agree)",
         "moe kernels=blockwise: its bare column is the moe kernels=none bare run (bare torchtitan has no blockwise)",
     ]
@@ -355,16 +377,19 @@ def report(table: list[Row], args, sizes: Sizes, out: Path) -> str:
             lines.append(f"{row.name}: Trainer.Config the same as bare torchtitan's (but dump_folder)")
     text = "\n".join(lines)
     (out / "results.md").write_text(text + "\n")
-    (out / "results.json").write_text(json.dumps([_row_record(r) for r in table], indent=2, default=str) + "\n")
+    records = [_row_record(r, sheet_peak) for r in table]
+    (out / "results.json").write_text(json.dumps(records, indent=2, default=str) + "\n")
     return text
 
 
-def _row_record(row: Row) -> dict[str, object]:
+def _row_record(row: Row, sheet_peak: float | None) -> dict[str, object]:
     record = {k: v for k, v in vars(row).items() if k not in ("bare", "ours")}
+    record["datasheet_peak_flops"] = sheet_peak
     for side in ("bare", "ours"):
         timing = getattr(row, side)
         record[side] = timing._asdict() if timing else None
         record[f"{side}_mfu"] = mfu(row, timing)
+        record[f"{side}_mfu_datasheet"] = mfu(row, timing, sheet_peak) if sheet_peak else None
     record["ratio"] = ratio(row.ours and row.ours.tps, row.bare and row.bare.tps)
     record["loss_max_diff"] = loss_difference(row)
     return record
@@ -410,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     run_rows(args, table, sizes, runs)
     print(report(table, args, sizes, args.out), flush=True)
     pack_logs(runs, args.out)
-    return 0 if all(row.bare and row.ours for row in table) else 1
+    return 0 if all(row.skipped or (row.bare and row.ours) for row in table) else 1
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ several sizes and repeats, so that a busy machine lowers it as little as possibl
 processes on the same cores still pull it down, so a measurement never lowers the cached value:
 `--refresh` on a quiet machine raises a low one, and the cache entry says the load it was
 measured under. torchtitan's own table (`utils.get_peak_flops`, A100 numbers for any unknown
-device) is never used.
+device) is not what MFU divides by; `datasheet_peak_flops` gives its figure for a GPU it names, so
+that a measured MFU can also be put beside torchtitan's published ones (bench/gpu_check.py).
 
 Measurements are cached per machine in `~/.cache/qwen3_neuron/peak_flops.json` (or
 `$QWEN3_NEURON_CACHE/peak_flops.json`), keyed by device name, dtype, threads and torch version:
@@ -50,6 +51,14 @@ CACHE_ENV_VAR = "QWEN3_NEURON_CACHE"  # the cache dir instead of ~/.cache/qwen3_
 TRN2_CHIP_TFLOPS = {"bfloat16": 667.0, "float32": 181.0}
 TRN2_CORES_PER_CHIP = 8
 
+# The dense bf16 data-sheet peaks per GPU that torchtitan 0.3.0's MFU divides by (utils.get_peak_flops),
+# for the NVIDIA GPUs it names: (what the name contains, TFLOP/s), the first match wins, as there.
+TORCHTITAN_GPU_TFLOPS = (
+    (("A100",), 312.0), (("A6000",), 154.85), (("H100", "NVL"), 835.0), (("H100", "PCIe"), 756.0),
+    (("H100",), 989.0), (("H200",), 989.0), (("H20",), 148.0), (("GB200",), 2500.0), (("GB300",), 2500.0),
+    (("B300",), 2250.0), (("B200",), 2250.0),
+)  # fmt: skip
+
 CPU_SIZES = (256, 512, 1024, 2048)
 CUDA_SIZES = (4096, 8192)
 PROBE_SECONDS = 0.75  # per size, after a warm-up product
@@ -76,6 +85,15 @@ class PeakFlops:
     def describe(self) -> str:
         threads = f", {self.threads} thread{'s' if self.threads != 1 else ''}" if self.threads else ""
         return f"{self.flops_per_second / 1e12:.4g} TFLOP/s per rank ({self.source}: {self.device_name}, {self.dtype}{threads})"
+
+
+def datasheet_peak_flops(device_name: str) -> float | None:
+    """torchtitan's data-sheet peak FLOP/s for this GPU (bf16, dense), or None where it names none (it
+    would then take A100's): MFU against it is comparable with torchtitan's published MFU."""
+    for parts, tflops in TORCHTITAN_GPU_TFLOPS:
+        if all(part in device_name for part in parts):
+            return tflops * 1e12
+    return None
 
 
 # ---- launcher side ---------------------------------------------------------------------------
