@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from qwen3_neuron.assets.build import ASSETS_ENV_VAR, build_assets
+from qwen3_neuron.config.job import Job
 from qwen3_neuron.launch import hydra_setup as project_compose
 from qwen3_neuron.report.peak_flops import CACHE_ENV_VAR
 
@@ -79,6 +80,11 @@ def compose_config(*overrides: str) -> dict:
     with initialize_config_dir(config_dir=str(project_compose.CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=list(overrides))
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+def compose_job(*overrides: str) -> Job:
+    """The composed config parsed into the job the launcher plans (`Job.parse`)."""
+    return Job.parse(compose_config(*overrides))
 
 
 def launch(run_dir: Path | None, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:

@@ -7,9 +7,10 @@ import json
 import shutil
 
 import pytest
-from conftest import compose_config, launch
+from conftest import compose_config, compose_job, launch
 from torchtitan.trainer import Trainer
 
+from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.settings import parse_settings
 from qwen3_neuron.config.trainer_keys import KEYS_FILE, check_trainer_keys, trainer_keys
 from qwen3_neuron.errors import ConfigError
@@ -18,7 +19,7 @@ from qwen3_neuron.planning.plan import make_plan
 
 
 def plan_for(tmp_path, *overrides):
-    return make_plan(compose_config(*overrides), tmp_path / "run")
+    return make_plan(compose_job(*overrides), tmp_path / "run")
 
 
 def test_default_config_plans_tiny_native_on_two_cpu_ranks(tmp_path, assets):
@@ -71,7 +72,7 @@ def test_the_launcher_names_a_misspelled_torchtitan_key_as_the_plan_does(tmp_pat
     assert str(at_launch.value).startswith("Unknown config key")
     if "model=hf" not in overrides:  # the plan needs the HF dir too
         with pytest.raises(ConfigError) as in_plan:
-            make_plan(composed, tmp_path / "run")
+            make_plan(Job.parse(composed), tmp_path / "run")
         assert str(in_plan.value) == str(at_launch.value)
 
 

@@ -14,10 +14,10 @@ import time
 import pytest
 from conftest import REPO, TINY, compose_config, launch, processes_mentioning, read_jsonl
 
-from qwen3_neuron.config.settings import parse_settings
+from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.torchrun import worker_launch
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.launch.job import _start_workers
+from qwen3_neuron.launch.job import _Workers
 from qwen3_neuron.launch.process import Torchrun
 from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
@@ -125,9 +125,8 @@ def test_local_rank_0_plans_and_a_config_error_it_finds_stops_every_worker(tmp_p
     earlier_rank_log.parent.mkdir(parents=True)
     earlier_rank_log.write_text("step 4\n")
     (run_dir / "train.log").write_text("the earlier launch's output\n")
-    composed = compose_config("training.seq_len=4096")  # torchtitan's RoPE bound: the plan's check
-    settings = parse_settings(composed)
-    workers = _start_workers(settings, worker_launch(settings, run_dir), run_dir, composed, None)
+    job = Job.parse(compose_config("training.seq_len=4096")).settled()  # torchtitan's RoPE bound: the plan's check
+    workers = _Workers(job, worker_launch(job, run_dir), run_dir)
     with pytest.raises(ConfigError, match="training.seq_len=4096 is too long for qwen3 tiny"):
         workers.wait_for_plan()
     this_launch = [p for p in run_dir.glob("ranks/*/attempt_0/0/stdout.log") if p != earlier_rank_log]
@@ -146,8 +145,8 @@ def test_a_waiting_worker_stops_when_the_plan_failed_or_the_launcher_is_gone(tmp
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     with pytest.raises(SystemExit, match=f"launcher \\(pid {gone.pid}\\) exited before the plan was ready"):
-        Handoff("cpu", "token", gone.pid).wait_for_go(tmp_path)
-    handoff = Handoff("cpu", "token", os.getpid())
+        Handoff("token", gone.pid).wait_for_go(tmp_path)
+    handoff = Handoff("token", os.getpid())
     handoff.plan_failed(tmp_path, "training.steps must be a positive integer, got 0.")
     with pytest.raises(SystemExit) as stopped:
         handoff.wait_for_go(tmp_path)
