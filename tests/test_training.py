@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import REPO, TINY, compose_config, launch, processes_mentioning, read_jsonl
+from conftest import REPO, TINY, compose_config, launch, process_counts, processes_mentioning, read_jsonl
 
 from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.torchrun import worker_launch
@@ -37,6 +37,15 @@ def test_default_run_trains_and_the_loss_falls(default_run):
     assert summary["first_loss"] == pytest.approx(7.62, abs=0.3)
     assert summary["final_loss"] < summary["first_loss"] - 0.5
     assert summary["tokens_per_second"] > 0 and summary["peak_memory_gib"] > 0
+
+
+def test_each_process_parses_the_job_once_and_each_rank_builds_its_config_once(default_run):
+    """The launcher parses and settles the job and builds nothing (no torchtitan); local rank 0
+    parses the job the launcher sent and trains with the config its plan built and checked; rank 1
+    parses job.yaml and builds once."""
+    assert process_counts(default_run) == {
+        "launcher parse": 1, "rank0 parse": 1, "rank0 build": 1, "rank1 parse": 1, "rank1 build": 1,
+    }  # fmt: skip
 
 
 def test_metrics_and_summary_agree_with_what_the_workers_logged(default_run):
