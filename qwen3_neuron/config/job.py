@@ -75,11 +75,12 @@ class Job:
         """The NEFF cache dir the plan settled, recorded: a resumed run compiles into the same."""
         return self._with("device", cache_dir=cache_dir)
 
-    def _with(self, section: str, **values: Any) -> Job:
+    def _with(self, name: str, **values: Any) -> Job:
         """This job with `values` set in one of the framework's sections, in both its forms."""
-        composed = {**self.composed, section: {**(self.composed.get(section) or {}), **values}}
-        parsed = dataclasses.replace(getattr(self.settings, section), **values)
-        return dataclasses.replace(self, composed=composed, settings=dataclasses.replace(self.settings, **{section: parsed}))
+        composed = {**self.composed, name: {**(self.composed.get(name) or {}), **values}}
+        section = dataclasses.replace(getattr(self.settings, name), **values)
+        settings = dataclasses.replace(self.settings, **{name: section})
+        return dataclasses.replace(self, composed=composed, settings=settings)
 
 
 def recorded_device(job: Mapping[str, Any]) -> str:

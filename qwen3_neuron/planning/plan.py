@@ -27,6 +27,7 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.settings import Settings, check_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
+from qwen3_neuron.config.trainer_keys import schema_disagreement
 from qwen3_neuron.data.checks import check_data
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, UnsupportedModel
@@ -114,6 +115,10 @@ def make_plan(
     model_dir = open_model_dir(model.hf_model, model.trust_remote_code, job.model_dir) if model.kind == "hf" else None
     job = job.with_neff_cache(launch.env.get(devices.NEFF_CACHE_ENV))  # job.yaml
     config = build_trainer_config(job, run_dir)
+    stale_keys = schema_disagreement(settings)  # the launcher's key check, against the installed classes
+    if stale_keys:
+        warn(f"[qwen3-neuron] note: {stale_keys}")
+        notes.append(stale_keys)
     world_size = nproc * settings.run.nnodes
     _check_positive(config)
     _check_worker_modes(config, world_size)
