@@ -7,9 +7,10 @@ run (an HF export is global rank 0's, after training). A plan that fails stops t
 removes what they wrote (a resumed run's earlier logs stay), so a config error leaves what it
 always did. Dry runs and `run.show_data` plan here and start nothing.
 
-A single run and each job of a sweep go through `run_job`, which returns the job's `JobOutcome`.
-It never exits the process: Hydra's job-end callbacks and log flushing run after it, and
-launch.py exits with `launch_exit_code` of the outcomes, for single runs and sweeps alike.
+A single run and each job of a sweep go through `run_job`, which returns the job's `JobOutcome`
+(`report.outcome`). It never exits the process: Hydra's job-end callbacks and log flushing run
+after it, and launch.py exits with `launch_exit_code` of the outcomes, for single runs and sweeps
+alike.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from qwen3_neuron.launch.resume import resume_step, resumed_config
 from qwen3_neuron.launch.run_lock import RunDirLock
 from qwen3_neuron.planning.record import record_plan
 from qwen3_neuron.report.loss_check import check_first_loss
+from qwen3_neuron.report.outcome import JobOutcome
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value, sweep_stop_reason, write_summary
 from qwen3_neuron.run_dir import (
@@ -63,25 +65,6 @@ if TYPE_CHECKING:
     from qwen3_neuron.planning.plan import Plan
 
 CONFIG_ERROR_EXIT = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class JobOutcome:
-    """How one job ended: its exit code (0 completed or dry run, 1 failed, interrupted or
-    skipped, 2 config error), its objective for a sweeper (None when it failed: the sweep goes
-    on unless run.stop_on_failure) and its summary (None when it wrote none)."""
-
-    exit_code: int
-    single_run: bool
-    objective: float | None = None
-    summary: dict | None = None
-
-
-def launch_exit_code(outcomes: list[JobOutcome]) -> int:
-    """A single run's own exit code; a sweep's: 1 if any of its jobs did not complete."""
-    if len(outcomes) == 1 and outcomes[0].single_run:
-        return outcomes[0].exit_code
-    return 1 if any(outcome.exit_code for outcome in outcomes) else 0
 
 
 def run_job(cfg: DictConfig) -> JobOutcome:
@@ -343,6 +326,7 @@ class _HydraJob:
             device = evaluation_device(settings.eval, job.device)
             summary.update(evaluate_run(self.run_dir, settings.eval, summary, device, evaluation, run.verbose))
             exit_code = exit_code or (1 if summary["eval_error"] else 0)
+            summary["exit_code"] = exit_code  # the job's, as a sweep that ran elsewhere reads it back
             write_summary(self.run_dir, summary)
         for line in [*summary_lines(summary), f"run dir: {self.run_dir} (every figure: summary.json)"]:
             print(f"[qwen3-neuron] {line}")
