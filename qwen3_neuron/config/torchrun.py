@@ -24,10 +24,14 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.run_dir import RANKS_LOG_DIR
+
+if TYPE_CHECKING:
+    from qwen3_neuron.config.job import Job
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class WorkerLaunch:
         return f"{env} {shlex.join(self.command)}".strip()
 
 
-def worker_launch(job, run_dir: Path) -> WorkerLaunch:
+def worker_launch(job: Job, run_dir: Path) -> WorkerLaunch:
     """How this node starts the workers of a settled `Job`; a dry run may plan for a device that
     is not here (the plan says so)."""
     settings, device = job.settings, job.device
