@@ -134,7 +134,7 @@ def test_local_rank_0_plans_and_a_config_error_it_finds_stops_every_worker(tmp_p
     earlier_rank_log.parent.mkdir(parents=True)
     earlier_rank_log.write_text("step 4\n")
     (run_dir / "train.log").write_text("the earlier launch's output\n")
-    job = Job.parse(compose_config("training.seq_len=4096")).settled()  # torchtitan's RoPE bound: the plan's check
+    job = Job.parse(compose_config("training.seq_len=4096")).settled()  # torchtitan's RoPE bound: the plan's
     workers = _Workers(job, worker_launch(job, run_dir), run_dir)
     with pytest.raises(ConfigError, match="training.seq_len=4096 is too long for qwen3 tiny"):
         workers.wait_for_plan()
