@@ -1,13 +1,6 @@
-"""The entrypoint: Hydra composes conf/ + the command line, the job does the rest.
-
-    python launch.py model=native training.steps=50
-    python launch.py experiment=cpu_qwen3_tiny_native
-    python launch.py -m optimizer.lr=1e-3,3e-4
-    python launch.py run.dry_run=true
-
-Hydra runs in this process only; torchrun's workers rebuild the config from the run dir
-(qwen3_neuron.worker.train). The launch exits with its jobs' outcome.
-"""
+"""The entrypoint: Hydra composes conf/ + the command line (`python launch.py training.steps=50`,
+`-m optimizer.lr=1e-3,3e-4`, `run.dry_run=true`) in this process only; the job does the rest
+(torchrun's workers rebuild its config from the run dir). Exits with the jobs' outcome."""
 
 import sys
 
@@ -16,10 +9,11 @@ from omegaconf import DictConfig
 
 from qwen3_neuron.launch.hydra_setup import experiment_without_plus, register
 from qwen3_neuron.process_exit import exit_without_teardown
+from qwen3_neuron.report.outcome import SweepEnded, launch_exit_code
 
 
 def main() -> int:
-    outcomes = []  # one per job this process ran (a sweep's launcher may run them elsewhere)
+    outcomes = []  # one per job: run here, or read back when a sweep's jobs ran elsewhere (submitit)
 
     @hydra.main(version_base="1.3", config_path="conf", config_name="config")
     def run(cfg: DictConfig) -> float | None:
@@ -30,9 +24,10 @@ def main() -> int:
 
     try:
         run()
+    except SweepEnded as ended:
+        outcomes.extend(ended.outcomes)
     except SystemExit as e:  # Hydra could not compose (model=nativ): a config mistake, exit 2 as every other
         return 2 if e.code == 1 and not outcomes else e.code or 0
-    from qwen3_neuron.launch.job import launch_exit_code  # after run(): Hydra's --help needs none of it
     return launch_exit_code(outcomes)
 
 

@@ -23,9 +23,9 @@ is read or written. Both sides of torchrun import this module; it imports nothin
 The launcher starts torchrun as soon as the framework's own settings parse, and the plan is made
 by local rank 0 once it has imported torchtitan (which the launcher then never imports): on
 2 cores a third torchtitan import would delay every worker. The launcher gives the workers a
-handoff (`HANDOFF_ENV`: the device, a token for this launch and its pid) and writes what to plan
-(`.plan_request.<token>.json`: the composed config, the torchrun command, model=hf's dir). Local
-rank 0 plans and records (job.yaml ...), then writes `.plan_ready.<token>` (the `PlannedRun` the
+handoff (`HANDOFF_ENV`: a token for this launch and its pid) and writes what to plan
+(`.plan_request.<token>.json`: the settled job, whose device every worker installs its fixes
+for first, and the torchrun command). Local rank 0 plans and records (job.yaml ...), then writes `.plan_ready.<token>` (the `PlannedRun` the
 launcher reports with) or `.plan_error.<token>` (the config error). The launcher, once it has
 written what the workers read when they build (peak_flops.json: measured while they wait),
 writes `.plan_go.<token>`; every rank waits for it, and stops at a plan error or when the
@@ -110,7 +110,6 @@ def summarize_replacements(lines: list[str]) -> list[str]:
 class Handoff:
     """What workers started before the plan was made need to know meanwhile."""
 
-    device: str  # fixes.install(device) must run before torchtitan is imported
     token: str  # names this launch's plan files
     launcher_pid: int
 
@@ -127,7 +126,7 @@ class Handoff:
 
     # ---- launcher
     def request_plan(self, run_dir: Path, request: dict[str, Any]) -> None:
-        """What local rank 0 plans: {"composed", "launch", "model_dir"}."""
+        """What local rank 0 plans: {"job": the settled job's composed config, "launch": its torchrun command}."""
         _write_atomically(self.files(run_dir)["request"], json.dumps(request))
 
     def wait_for_plan(self, run_dir: Path, alive) -> PlannedRun | str | None:

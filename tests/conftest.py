@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from qwen3_neuron.assets.build import ASSETS_ENV_VAR, build_assets
+from qwen3_neuron.config.job import Job
 from qwen3_neuron.launch import hydra_setup as project_compose
 from qwen3_neuron.report.peak_flops import CACHE_ENV_VAR
 
@@ -81,8 +83,16 @@ def compose_config(*overrides: str) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-def launch(run_dir: Path | None, *overrides: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    """`python launch.py ...` with its run dir pinned to `run_dir` (None: Hydra's choice)."""
+def compose_job(*overrides: str) -> Job:
+    """The composed config parsed into the job the launcher plans (`Job.parse`)."""
+    return Job.parse(compose_config(*overrides))
+
+
+def launch(
+    run_dir: Path | None, *overrides: str, timeout: int = 900, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`python launch.py ...` with its run dir pinned to `run_dir` (None: Hydra's choice); `env`:
+    variables added to this process's environment."""
     pinned = [f"hydra.run.dir={run_dir}"] if run_dir else []
     return subprocess.run(
         [sys.executable, str(REPO / "launch.py"), *pinned, *overrides],
@@ -90,6 +100,7 @@ def launch(run_dir: Path | None, *overrides: str, timeout: int = 900) -> subproc
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -117,9 +128,9 @@ LORA = (*TINY, "finetune=lora", f"finetune.dropout={LORA_DROPOUT}", "data=chat",
         "optimizer.lr=1e-2", "hf.first_loss_check=off")  # fmt: skip
 
 
-def trained(run_dir: Path, *overrides: str, timeout: int = 900) -> Path:
+def trained(run_dir: Path, *overrides: str, timeout: int = 900, env: dict | None = None) -> Path:
     """`launch(run_dir, *overrides)`, which must succeed; returns `run_dir`."""
-    result = launch(run_dir, *overrides, timeout=timeout)
+    result = launch(run_dir, *overrides, timeout=timeout, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return run_dir
 
@@ -130,8 +141,23 @@ def trained(run_dir: Path, *overrides: str, timeout: int = 900) -> Path:
 @pytest.fixture(scope="session")
 def default_run(tmp_path_factory, assets) -> Path:
     """The default job (tiny native Qwen3, 2 CPU ranks, no checkpoints), 10 steps: test_resume.py's
-    uninterrupted reference and the first of its two launches of one seed."""
-    return trained(tmp_path_factory.mktemp("default") / "run", *TINY, "training.steps=10")
+    uninterrupted reference and the first of its two launches of one seed. Each of its processes
+    counts its settings parses and config builds into `process_counts(default_run)`."""
+    folder = tmp_path_factory.mktemp("default")
+    counting = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(COUNTING_DIR), os.environ.get("PYTHONPATH")])),
+        COUNTS_ENV: str(folder / "process_counts.txt"),
+    }
+    return trained(folder / "run", *TINY, "training.steps=10", env=counting)
+
+
+COUNTING_DIR = REPO / "tests" / "process_counts"  # its sitecustomize.py counts in every process of a launch
+COUNTS_ENV = "QWEN3_NEURON_TEST_COUNTS"
+
+
+def process_counts(run_dir: Path) -> Counter:
+    """{"launcher parse": 1, "rank0 build": 1, ...} of a run launched with the counting dir."""
+    return Counter((run_dir.parent / "process_counts.txt").read_text().splitlines())
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from conftest import SESSION_CACHE, compose_config, launch, processes_mentioning
+from conftest import SESSION_CACHE, compose_job, launch, processes_mentioning
 
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.planning.plan import make_plan
@@ -181,7 +181,7 @@ def test_bad_input_fails_at_plan_time_naming_the_key(tmp_path, assets, bad_data,
     run_dir = tmp_path / "run"
     overrides = [o.replace("{bad}", str(bad_data)) for o in overrides]
     with pytest.raises(ConfigError) as error:
-        make_plan(compose_config(*overrides), run_dir)
+        make_plan(compose_job(*overrides), run_dir)
     expected = [text.replace("{bad}", str(bad_data)) for text in expected]
     for text in expected:
         assert text in str(error.value)

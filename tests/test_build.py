@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config, launch
+from conftest import compose_config, compose_job, launch
 
 from qwen3_neuron.config.job import Job
 from qwen3_neuron.planning.plan import make_plan
@@ -47,7 +47,7 @@ def test_workers_rebuild_the_planned_config_without_the_plans_checks(tmp_path, a
     snapshot = cached_hub_snapshot(tmp_path / "hub", repo_id, assets.tiny_qwen3_dir)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     run_dir = tmp_path / "run"
-    plan = make_plan(compose_config("experiment=cpu_qwen3_tiny_hf", f"model.hf_model={repo_id}"), run_dir)
+    plan = make_plan(compose_job("experiment=cpu_qwen3_tiny_hf", f"model.hf_model={repo_id}"), run_dir)
     assert not torch.distributed.is_initialized()  # ParallelDims was checked, no process group made
     write_record(run_dir, plan.job, plan)
     job = read_job(run_dir)
@@ -79,7 +79,7 @@ def test_the_plan_checks_what_the_workers_no_longer_do(tmp_path, assets):
     written = json.loads((model_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps({**written, "vocab_size": 1024}))
     with pytest.raises(ConfigError, match=r"tokenizer.json has token id \d+, but the model's vocab_size is 1024"):
-        make_plan(compose_config("experiment=cpu_qwen3_tiny_hf", f"model.hf_model={model_dir}"), tmp_path / "run")
+        make_plan(compose_job("experiment=cpu_qwen3_tiny_hf", f"model.hf_model={model_dir}"), tmp_path / "run")
 
 
 # ---- integration: the worker runs torchtitan's trainer as torchtitan.train.main does ------------
@@ -139,8 +139,10 @@ def test_a_plan_parses_the_settings_builds_the_config_and_the_meta_model_once(tm
     count(memory, "meta_model")
     composed = compose_config(*overrides)
     counts.clear()  # what composing cost is Hydra's
-    planned = make_plan(composed, tmp_path / "run")
-    assert counts == {"apply_fields": 1, "base_config": 1, "meta_model": 1}
+    planned = make_plan(Job.parse(composed), tmp_path / "run")
+    # base_config: the one the config is built on, and one whose key names the launcher's key
+    # schema is checked against (trainer_keys.schema_disagreement)
+    assert counts == {"apply_fields": 1, "base_config": 2, "meta_model": 1}
     write_record(tmp_path / "run", planned.job, planned)
     counts.clear()
     build_trainer_config(Job.read(tmp_path / "run"), tmp_path / "run")  # the other ranks

@@ -7,18 +7,20 @@ import json
 import shutil
 
 import pytest
-from conftest import compose_config, launch
+from conftest import compose_config, compose_job, launch
 from torchtitan.trainer import Trainer
 
+from qwen3_neuron.config import trainer_keys as trainer_keys_module
+from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.settings import parse_settings
-from qwen3_neuron.config.trainer_keys import KEYS_FILE, check_trainer_keys, trainer_keys
+from qwen3_neuron.config.trainer_keys import KEYS_FILE, check_trainer_keys, installed_torchtitan, trainer_keys
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch.hydra_setup import TRAINER_SECTIONS
 from qwen3_neuron.planning.plan import make_plan
 
 
 def plan_for(tmp_path, *overrides):
-    return make_plan(compose_config(*overrides), tmp_path / "run")
+    return make_plan(compose_job(*overrides), tmp_path / "run")
 
 
 def test_default_config_plans_tiny_native_on_two_cpu_ranks(tmp_path, assets):
@@ -57,7 +59,42 @@ def test_hydra_opens_exactly_torchtitans_trainer_sections():
 
 def test_the_launchers_trainer_keys_are_torchtitans_own():
     # stale after a torchtitan upgrade: python -m qwen3_neuron.config.trainer_keys rewrites it
-    assert json.loads(KEYS_FILE.read_text()) == trainer_keys()
+    assert json.loads(KEYS_FILE.read_text())[installed_torchtitan()] == trainer_keys()
+
+
+@pytest.fixture
+def keys_schema(monkeypatch):
+    """trainer_keys' schema lookup, read afresh in the test and after it (it is cached)."""
+    trainer_keys_module._schema.cache_clear()
+    yield monkeypatch
+    monkeypatch.undo()
+    trainer_keys_module._schema.cache_clear()
+
+
+def test_for_a_torchtitan_it_has_no_keys_of_the_launcher_says_once_that_the_plan_checks_them(keys_schema, capsys):
+    keys_schema.setattr(trainer_keys_module, "installed_torchtitan", lambda: "0.2.2+neuron.2")  # AWS's fork
+    composed = compose_config("training.stpes=3")
+    for _ in range(2):  # a sweep's launcher checks each of its jobs
+        check_trainer_keys(composed, parse_settings(composed))
+    assert capsys.readouterr().err == (
+        "[qwen3-neuron] note: trainer_keys.json has no keys of torchtitan 0.2.2+neuron.2 (it has 0.3.0): a "
+        "misspelled key of torchtitan's sections is found by the plan, in torchrun's local rank 0, instead of "
+        "before torchrun starts (python -m qwen3_neuron.config.trainer_keys writes them)\n"
+    )
+
+
+def test_the_plan_says_when_the_launchers_keys_disagree_with_torchtitans_classes(tmp_path, assets, keys_schema):
+    assert not [note for note in plan_for(tmp_path).notes if KEYS_FILE.name in note]
+    schema = json.loads(KEYS_FILE.read_text())[installed_torchtitan()]
+    training = schema["configs"]["qwen3:qwen3_32b"]["training"]
+    training["stpes"] = training.pop("steps")  # a stale schema: one key renamed
+    keys_schema.setattr(trainer_keys_module, "_schema", lambda: schema)
+    (note,) = [note for note in plan_for(tmp_path).notes if KEYS_FILE.name in note]
+    assert note == (
+        "trainer_keys.json's keys of torchtitan 0.3.0 for qwen3:qwen3_32b are not the installed classes' (only in "
+        "the file: training.stpes; only in torchtitan: training.steps): the launcher may refuse a valid key, or "
+        "leave a misspelled one to this plan. Rewrite them: python -m qwen3_neuron.config.trainer_keys"
+    )
 
 
 @pytest.mark.parametrize("overrides", [
@@ -71,7 +108,7 @@ def test_the_launcher_names_a_misspelled_torchtitan_key_as_the_plan_does(tmp_pat
     assert str(at_launch.value).startswith("Unknown config key")
     if "model=hf" not in overrides:  # the plan needs the HF dir too
         with pytest.raises(ConfigError) as in_plan:
-            make_plan(composed, tmp_path / "run")
+            make_plan(Job.parse(composed), tmp_path / "run")
         assert str(in_plan.value) == str(at_launch.value)
 
 

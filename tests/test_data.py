@@ -316,13 +316,13 @@ def test_resuming_from_the_state_gives_the_very_next_samples(tmp_path, tokenizer
 
 
 def test_show_data_prints_rank_0_samples_with_the_spans_without_loss_marked(tmp_path, assets):
-    from conftest import compose_config
+    from conftest import compose_job
 
     from qwen3_neuron.data.preview import show_samples
     from qwen3_neuron.planning.plan import make_plan
 
     overrides = ("data=chat", "data.packing=greedy", "training.seq_len=256", "run.show_data=1")  # in row order
-    plan = make_plan(compose_config(*overrides), tmp_path / "run")
+    plan = make_plan(compose_job(*overrides), tmp_path / "run")
     text = show_samples(plan.trainer_config, 1, dp_world_size=2)
     first = json.loads(assets.chat_train_file.read_text().splitlines()[0])["messages"]
     assert text.startswith("=== sample 1 of rank 0: 2 document(s)")
@@ -363,7 +363,7 @@ def test_the_progress_line_shows_the_last_validation_loss(tmp_path):
 
 
 def test_a_mix_interleaves_text_and_chat_sources_by_weight(tmp_path, tokenizer, assets):
-    from conftest import compose_config
+    from conftest import compose_job
 
     from qwen3_neuron.data.loader import PackedDataLoader
     from qwen3_neuron.planning.plan import make_plan
@@ -381,7 +381,7 @@ def test_a_mix_interleaves_text_and_chat_sources_by_weight(tmp_path, tokenizer, 
         kinds.append("chat" if has_prompt else "text")
     assert 0 < kinds.count("chat") < kinds.count("text")  # weights 3:1, a seeded draw
     assert loader.data_stats()["documents"] > 0
-    plan = make_plan(compose_config("data=mix"), tmp_path / "run")  # conf/data/mix.yaml's example
+    plan = make_plan(compose_job("data=mix"), tmp_path / "run")  # conf/data/mix.yaml's example
     assert [s.format for s in plan.trainer_config.dataloader.sources] == ["text", "chat"]
 
 

@@ -66,11 +66,11 @@ def test_the_build_probe_agrees_with_torch_and_a_cpu_job_starts_torchrun_without
     # the launcher's path up to torchrun's start, in a fresh interpreter: auto on a CPU build
     probe = (
         "import sys; from pathlib import Path\n"
-        "from qwen3_neuron.config.settings import parse_settings\n"
         "from qwen3_neuron.config.torchrun import worker_launch\n"
-        "sys.path.insert(0, 'tests'); from conftest import compose_config\n"
-        f"launch = worker_launch(parse_settings(compose_config('device=auto')), Path({str(tmp_path)!r}))\n"
-        "print(launch.device, launch.nproc_per_node, 'torch' in sys.modules)\n"
+        "sys.path.insert(0, 'tests'); from conftest import compose_job\n"
+        "job = compose_job('device=auto').settled()\n"
+        f"launch = worker_launch(job, Path({str(tmp_path)!r}))\n"
+        "print(job.device, launch.nproc_per_node, 'torch' in sys.modules)\n"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     if devices._torch_build_has_gpu_support():

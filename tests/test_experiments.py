@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import compose_config, launch
+from conftest import compose_config, compose_job, launch
 
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
@@ -27,7 +27,7 @@ HAS_TORCH_NEURONX = devices.unavailable_reason("neuron") is None
 
 
 def dry_run(tmp_path, experiment, *overrides):
-    return make_plan(compose_config(f"experiment={experiment}", "run.dry_run=true", *overrides), tmp_path / "run")
+    return make_plan(compose_job(f"experiment={experiment}", "run.dry_run=true", *overrides), tmp_path / "run")
 
 
 def assert_one_trn2_node(plan):
@@ -72,7 +72,7 @@ def test_trn2_qwen3_moe_nki_plans_64_experts_nki_dp64(tmp_path, assets):
 def model_hf_plans_here(tmp_path) -> None:
     """Skip unless model=hf plans in this version (its CPU variant, whose model dir is local)."""
     try:
-        make_plan(compose_config("experiment=cpu_qwen3_tiny_hf", "run.dry_run=true"), tmp_path / "probe")
+        make_plan(compose_job("experiment=cpu_qwen3_tiny_hf", "run.dry_run=true"), tmp_path / "probe")
     except ConfigError as e:
         pytest.skip(f"model=hf does not plan in this version: {e}")
 
@@ -170,7 +170,7 @@ def test_trn2_qwen3_4b_sft_without_data_files_names_the_key(tmp_path, assets):
 
 def test_cpu_qwen3_tiny_sft_plans_the_same_flow_on_2_cpu_ranks(tmp_path, assets):
     model_hf_plans_here(tmp_path)
-    plan = make_plan(compose_config("experiment=cpu_qwen3_tiny_sft"), tmp_path / "run")
+    plan = make_plan(compose_job("experiment=cpu_qwen3_tiny_sft"), tmp_path / "run")
     assert (plan.device, plan.world_size) == ("cpu", 2)
     config = plan.trainer_config
     assert config.dataloader.sources[0].format == "chat" and config.validator.enable

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LORA_DROPOUT, compose_config, launch, read_jsonl
+from conftest import LORA_DROPOUT, compose_config, compose_job, launch, read_jsonl
 from test_resume import as_of_checkpoint
 from transformers import AutoTokenizer
 
@@ -344,7 +344,7 @@ def test_dropout_masks_follow_the_step_so_a_resumed_run_draws_the_uninterrupted_
 def test_moe_plan_puts_adapters_on_attention_and_says_experts_are_not_covered(backend, assets, tmp_path, capsys):
     base = {"moe": f"checkpoint.initial_load_path={assets.tiny_qwen3_moe_dir}",
             "hf": f"model.hf_model={assets.tiny_qwen3_moe_dir}"}[backend]  # fmt: skip
-    plan = make_plan(compose_config(f"model={backend}", "finetune=lora", "checkpointing=from_hf", base), tmp_path / "run")
+    plan = make_plan(compose_job(f"model={backend}", "finetune=lora", "checkpointing=from_hf", base), tmp_path / "run")
     note = next(n for n in plan.notes if n.startswith("finetune=lora"))
     assert "routed experts (mlp.experts.*) get no LoRA adapters" in note
     assert "gate_proj, up_proj, down_proj match no Linear layer" in note
@@ -357,7 +357,7 @@ def test_hf_plan_takes_any_subset_of_q_k_v_and_the_model_starts_as_the_base(asse
     """model=hf has one Linear per projection: q and v alone get adapters (native's fused wqkv
     refuses that), as PEFT would put them; B starts at zero, A at torchtitan's Kaiming-uniform."""
     overrides = ["finetune=lora", "checkpointing=from_hf", "finetune.target_modules=[q_proj,v_proj]"]
-    plan = make_plan(compose_config("model=hf", f"model.hf_model={assets.tiny_qwen3_dir}", *overrides), tmp_path / "hf")
+    plan = make_plan(compose_job("model=hf", f"model.hf_model={assets.tiny_qwen3_dir}", *overrides), tmp_path / "hf")
     d, q, kv = TINY_DENSE["hidden_size"], 4 * TINY_DENSE["head_dim"], 2 * TINY_DENSE["head_dim"]
     assert plan.parameters["trainable_parameters"] == RANK * ((d + q) + (d + kv)) * TINY_DENSE["num_hidden_layers"]
     assert not [n for n in plan.notes if n.startswith("finetune=lora")]
@@ -374,19 +374,19 @@ def test_hf_plan_takes_any_subset_of_q_k_v_and_the_model_starts_as_the_base(asse
     assert torch.equal(q_proj.lora_b.weight, torch.zeros_like(q_proj.lora_b.weight))  # the base's function
     assert 0 < q_proj.lora_a.weight.abs().max() <= d**-0.5  # Kaiming-uniform(a=sqrt 5): bound 1/sqrt(in)
     with pytest.raises(ConfigError, match="computes q_proj, k_proj, v_proj with one projection"):
-        make_plan(compose_config(f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}", *overrides), tmp_path / "native")
+        make_plan(compose_job(f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}", *overrides), tmp_path / "native")
 
 
 def test_full_finetune_trains_every_parameter(assets, tmp_path):
-    plan = make_plan(compose_config("run.dry_run=true"), tmp_path / "run")
+    plan = make_plan(compose_job("run.dry_run=true"), tmp_path / "run")
     counts = plan.parameters
     assert counts["trainable_parameters"] == counts["total_parameters"] > 3_000_000
 
 
 def test_lora_memory_estimate_keeps_the_frozen_base_and_drops_its_gradients(assets, tmp_path):
-    full = make_plan(compose_config("run.dry_run=true"), tmp_path / "full").memory
+    full = make_plan(compose_job("run.dry_run=true"), tmp_path / "full").memory
     lora = make_plan(
-        compose_config("run.dry_run=true", "finetune=lora", "checkpointing=from_hf",
+        compose_job("run.dry_run=true", "finetune=lora", "checkpointing=from_hf",
                        f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"),
         tmp_path / "lora",
     ).memory  # fmt: skip
@@ -404,10 +404,10 @@ def test_trn2_qwen3_4b_lora_names_the_published_weights_and_plans_64_lora_ranks(
     composed = compose_config("experiment=trn2_qwen3_4b_lora", "run.dry_run=true", files)
     assert composed["finetune"] == {**composed["finetune"], "method": "lora", "rank": 16, "alpha": 32.0}
     with pytest.raises(ConfigError, match="initial_load_path=/fsx/models/Qwen3-4B-Instruct-2507"):
-        make_plan(composed, tmp_path / "4b")  # the published weights are not on this machine
+        make_plan(Job.parse(composed), tmp_path / "4b")  # the published weights are not on this machine
     # the same recipe on the tiny HF dir (its architecture, a RoPE table it covers)
     plan = make_plan(
-        compose_config("experiment=trn2_qwen3_4b_lora", "run.dry_run=true", files, "model.flavor=tiny",
+        compose_job("experiment=trn2_qwen3_4b_lora", "run.dry_run=true", files, "model.flavor=tiny",
                        "training.seq_len=1024", f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"),
         tmp_path / "tiny",
     )  # fmt: skip
@@ -422,7 +422,7 @@ def test_trn2_qwen3_4b_lora_names_the_published_weights_and_plans_64_lora_ranks(
 
 
 def test_cpu_qwen3_tiny_lora_plans_the_lora_stand_in(assets, tmp_path):
-    plan = make_plan(compose_config("experiment=cpu_qwen3_tiny_lora"), tmp_path / "run")
+    plan = make_plan(compose_job("experiment=cpu_qwen3_tiny_lora"), tmp_path / "run")
     assert (plan.device, plan.world_size, plan.trainer_config.training.steps) == ("cpu", 2, 5)
     assert plan.parameters["trainable_parameters"] == _adapter_parameters(TINY_DENSE)
     config = plan.trainer_config
@@ -434,7 +434,7 @@ def test_a_moe_lora_export_is_refused_merged_and_planned_as_adapters_alone(asset
     load = ["model=moe", "finetune=lora", "checkpointing=[from_hf,export_hf]",
             f"checkpoint.initial_load_path={assets.tiny_qwen3_moe_dir}"]  # fmt: skip
     with pytest.raises(ConfigError, match="native MoE models have no config.json mapping") as error:
-        make_plan(compose_config(*load), tmp_path / "merged")
+        make_plan(compose_job(*load), tmp_path / "merged")
     assert "finetune.merge_export=false exports the adapters alone" in str(error.value)
-    plan = make_plan(compose_config(*load, "finetune.merge_export=false"), tmp_path / "adapters")
+    plan = make_plan(compose_job(*load, "finetune.merge_export=false"), tmp_path / "adapters")
     assert plan.trainer_config.checkpoint.last_save_in_hf

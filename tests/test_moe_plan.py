@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import compose_config
+from conftest import compose_job
 
 from qwen3_neuron.models.flavors import moe_dims
 from qwen3_neuron.planning.plan import make_plan
@@ -11,7 +11,7 @@ BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 
 
 def plan_for(tmp_path, *overrides):
-    return make_plan(compose_config(*overrides), tmp_path / "run")
+    return make_plan(compose_job(*overrides), tmp_path / "run")
 
 
 def test_moe_overrides_rebuild_the_experts(tmp_path, assets):

@@ -4,7 +4,7 @@ check that refuses, before torchrun, what Neuron's torch.compile would recompile
 from __future__ import annotations
 
 import pytest
-from conftest import compose_config
+from conftest import compose_job
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from qwen3_neuron.devices import policy as devices
@@ -37,7 +37,7 @@ def user_cache(tmp_path, monkeypatch):
 
 
 def plan_for(tmp_path, *overrides, run="run"):
-    return make_plan(compose_config(*overrides), tmp_path / run)
+    return make_plan(compose_job(*overrides), tmp_path / run)
 
 
 # ---- the NEFF cache: device.cache_dir ------------------------------------------------------------

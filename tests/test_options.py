@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import compose_config
+from conftest import compose_job
 
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch.hydra_setup import CONF_DIR
@@ -77,9 +77,9 @@ def test_every_option_dry_runs_on_the_default_install(tmp_path, assets, option):
         needs, refusal = [], needs
     elif isinstance(needs, tuple):
         needs, refusal = needs
-    composed = compose_config(option, *needs, "run.dry_run=true")
+    job = compose_job(option, *needs, "run.dry_run=true")
     if refusal is None:
-        make_plan(composed, tmp_path / "run")
+        make_plan(job, tmp_path / "run")
         return
     with pytest.raises(ConfigError, match=re.escape(refusal)):
-        make_plan(composed, tmp_path / "run")
+        make_plan(job, tmp_path / "run")

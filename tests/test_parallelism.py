@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO, compose_config, launch, read_jsonl
+from conftest import REPO, compose_config, compose_job, launch, read_jsonl
 
 from qwen3_neuron.config.torchrun import torchrun_args
 from qwen3_neuron.devices import policy as devices
@@ -35,7 +35,7 @@ NEURON_DRY_RUN = ["device=neuron", "run.dry_run=true"]
 
 
 def plan_for(tmp_path, *overrides):
-    return make_plan(compose_config(*overrides), tmp_path / "run")
+    return make_plan(compose_job(*overrides), tmp_path / "run")
 
 
 def degrees_of(plan) -> tuple[int, ...]:

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import REPO, compose_config
+from conftest import REPO, compose_config, compose_job
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from qwen3_neuron.planning.plan import make_plan
@@ -57,7 +57,7 @@ def test_every_readme_command_plans_as_written(users_dir, command):
     if "device=cuda" in overrides and not torch.cuda.is_available():
         overrides.append("run.nproc_per_node=1")  # a dry run for GPUs that are not here is told how many
     for job in sweep_jobs(overrides):
-        make_plan(compose_config(*job, "run.dry_run=true"), users_dir / "run")
+        make_plan(compose_job(*job, "run.dry_run=true"), users_dir / "run")
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:

@@ -249,3 +249,20 @@ def test_a_two_job_sweep_trains_on_slurm(slurm, assets, tmp_path):
         assert "[qwen3-neuron] completed" in "".join(p.read_text() for p in job_folder.glob("*_log.out"))
         final_losses.append(summary["final_loss"])
     assert final_losses[0] != final_losses[1]  # two learning rates, two runs
+
+
+@pytest.mark.integration
+def test_a_sweep_whose_job_fails_on_slurm_exits_1(slurm, assets, tmp_path):
+    """The job runs in a SLURM job, not in the launcher: the launcher reads its outcome back from
+    its summary.json at the sweep's end. It fails fast: a MoE key on a dense model."""
+    sweep_dir = tmp_path / "sweep"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), "-m", "hydra/launcher=local_slurm", "model.top_k=1",
+         f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO, env={**slurm.env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:] + slurm.log_tail()
+    summary = json.loads((sweep_dir / "0" / "summary.json").read_text())
+    assert (summary["status"], summary["exit_code"]) == ("failed", 2)
+    assert summary["error"].startswith("config error: model.top_k applies to model=moe only")
+    assert "1 jobs, 0 completed, 1 failed." in (sweep_dir / "summary.md").read_text()

@@ -12,12 +12,12 @@ import threading
 import time
 
 import pytest
-from conftest import REPO, TINY, compose_config, launch, processes_mentioning, read_jsonl
+from conftest import REPO, TINY, compose_config, launch, process_counts, processes_mentioning, read_jsonl
 
-from qwen3_neuron.config.settings import parse_settings
+from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.torchrun import worker_launch
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.launch.job import _start_workers
+from qwen3_neuron.launch.job import _Workers
 from qwen3_neuron.launch.process import Torchrun
 from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
@@ -40,6 +40,15 @@ def test_default_run_trains_and_the_loss_falls(default_run):
     # what the workers ran (worker/what_ran.py), not what the plan said: CPU attention in all 4 layers, no compile
     assert summary["attention"] == {"qwen3_neuron.kernels.attention.sdpa.SDPAFlexAttention": 4}
     assert summary["compiled"] is None
+
+
+def test_each_process_parses_the_job_once_and_each_rank_builds_its_config_once(default_run):
+    """The launcher parses and settles the job and builds nothing (no torchtitan); local rank 0
+    parses the job the launcher sent and trains with the config its plan built and checked; rank 1
+    parses job.yaml and builds once."""
+    assert process_counts(default_run) == {
+        "launcher parse": 1, "rank0 parse": 1, "rank0 build": 1, "rank1 parse": 1, "rank1 build": 1,
+    }  # fmt: skip
 
 
 def test_metrics_and_summary_agree_with_what_the_workers_logged(default_run):
@@ -128,9 +137,8 @@ def test_local_rank_0_plans_and_a_config_error_it_finds_stops_every_worker(tmp_p
     earlier_rank_log.parent.mkdir(parents=True)
     earlier_rank_log.write_text("step 4\n")
     (run_dir / "train.log").write_text("the earlier launch's output\n")
-    composed = compose_config("training.seq_len=4096")  # torchtitan's RoPE bound: the plan's check
-    settings = parse_settings(composed)
-    workers = _start_workers(settings, worker_launch(settings, run_dir), run_dir, composed, None)
+    job = Job.parse(compose_config("training.seq_len=4096")).settled()  # torchtitan's RoPE bound: the plan's
+    workers = _Workers(job, worker_launch(job, run_dir), run_dir)
     with pytest.raises(ConfigError, match="training.seq_len=4096 is too long for qwen3 tiny"):
         workers.wait_for_plan()
     this_launch = [p for p in run_dir.glob("ranks/*/attempt_0/0/stdout.log") if p != earlier_rank_log]
@@ -149,8 +157,8 @@ def test_a_waiting_worker_stops_when_the_plan_failed_or_the_launcher_is_gone(tmp
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     with pytest.raises(SystemExit, match=f"launcher \\(pid {gone.pid}\\) exited before the plan was ready"):
-        Handoff("cpu", "token", gone.pid).wait_for_go(tmp_path)
-    handoff = Handoff("cpu", "token", os.getpid())
+        Handoff("token", gone.pid).wait_for_go(tmp_path)
+    handoff = Handoff("token", os.getpid())
     handoff.plan_failed(tmp_path, "training.steps must be a positive integer, got 0.")
     with pytest.raises(SystemExit) as stopped:
         handoff.wait_for_go(tmp_path)

@@ -1,5 +1,6 @@
-"""The torchrun command of a run: the device, ranks per node, torchrun's own arguments (one node
-standalone, or one node of a multi-node job) and the workers' environment.
+"""The torchrun command of a settled job (`config.job.Job.settled`: its device resolved): ranks per
+node, torchrun's own arguments (one node standalone, or one node of a multi-node job) and the
+workers' environment.
 
 All of it comes from the framework's own settings, without torchtitan, so the launcher can start
 torchrun while its plan is still checking the rest (`run_dir.Handoff`).
@@ -23,15 +24,18 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qwen3_neuron.devices import policy as devices
-from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
+from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.run_dir import RANKS_LOG_DIR
+
+if TYPE_CHECKING:
+    from qwen3_neuron.config.job import Job
 
 
 @dataclass(frozen=True)
 class WorkerLaunch:
-    device: str
     nproc_per_node: int
     command: list[str]
     env: dict[str, str]  # added to the launcher's own environment for torchrun
@@ -41,13 +45,10 @@ class WorkerLaunch:
         return f"{env} {shlex.join(self.command)}".strip()
 
 
-def worker_launch(settings, run_dir: Path) -> WorkerLaunch:
-    """How this node starts its workers. `settings` is the framework's `Settings`; a dry run may
-    plan for a device that is not here (the plan says so)."""
-    try:
-        device = devices.resolve_device(settings.device.type, dry_run=settings.run.dry_run)
-    except DeviceUnavailableError as e:
-        raise ConfigError(f"device.type={settings.device.type}: {e}") from e
+def worker_launch(job: Job, run_dir: Path) -> WorkerLaunch:
+    """How this node starts the workers of a settled `Job`; a dry run may plan for a device that
+    is not here (the plan says so)."""
+    settings, device = job.settings, job.device
     nproc = settings.run.nproc_per_node
     if nproc is None:
         nproc = devices.default_nproc(device)
@@ -66,7 +67,7 @@ def worker_launch(settings, run_dir: Path) -> WorkerLaunch:
     env = {**devices.worker_env(device, nproc), **devices.compiler_env(device), "PYTHONPATH": _worker_pythonpath()}
     if device == "neuron":  # recorded in command.sh, even when it was exported
         env[devices.NEFF_CACHE_ENV] = str(devices.neff_cache_dir(settings.device.cache_dir)[0])
-    return WorkerLaunch(device, nproc, command, env)
+    return WorkerLaunch(nproc, command, env)
 
 
 def _worker_pythonpath() -> str:

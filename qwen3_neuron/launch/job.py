@@ -7,9 +7,10 @@ run (an HF export is global rank 0's, after training). A plan that fails stops t
 removes what they wrote (a resumed run's earlier logs stay), so a config error leaves what it
 always did. Dry runs and `run.show_data` plan here and start nothing.
 
-A single run and each job of a sweep go through `run_job`, which returns the job's `JobOutcome`.
-It never exits the process: Hydra's job-end callbacks and log flushing run after it, and
-launch.py exits with `launch_exit_code` of the outcomes, for single runs and sweeps alike.
+A single run and each job of a sweep go through `run_job`, which returns the job's `JobOutcome`
+(`report.outcome`). It never exits the process: Hydra's job-end callbacks and log flushing run
+after it, and launch.py exits with `launch_exit_code` of the outcomes, for single runs and sweeps
+alike.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from qwen3_neuron.config.settings import Settings, check_settings, parse_settings
+from qwen3_neuron.config.job import Job
+from qwen3_neuron.config.settings import check_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.config.trainer_keys import check_trainer_keys
 from qwen3_neuron.errors import ConfigError, RunDirInUse
@@ -40,9 +42,9 @@ from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.launch.resume import resume_step, resumed_config
 from qwen3_neuron.launch.run_lock import RunDirLock
-from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir
 from qwen3_neuron.planning.record import record_plan
 from qwen3_neuron.report.loss_check import check_first_loss
+from qwen3_neuron.report.outcome import JobOutcome
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value, sweep_stop_reason, write_summary
 from qwen3_neuron.run_dir import (
@@ -63,25 +65,6 @@ if TYPE_CHECKING:
     from qwen3_neuron.planning.plan import Plan
 
 CONFIG_ERROR_EXIT = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class JobOutcome:
-    """How one job ended: its exit code (0 completed or dry run, 1 failed, interrupted or
-    skipped, 2 config error), its objective for a sweeper (None when it failed: the sweep goes
-    on unless run.stop_on_failure) and its summary (None when it wrote none)."""
-
-    exit_code: int
-    single_run: bool
-    objective: float | None = None
-    summary: dict | None = None
-
-
-def launch_exit_code(outcomes: list[JobOutcome]) -> int:
-    """A single run's own exit code; a sweep's: 1 if any of its jobs did not complete."""
-    if len(outcomes) == 1 and outcomes[0].single_run:
-        return outcomes[0].exit_code
-    return 1 if any(outcome.exit_code for outcome in outcomes) else 0
 
 
 def run_job(cfg: DictConfig) -> JobOutcome:
@@ -135,17 +118,16 @@ def _run_job_in(cfg: DictConfig, hydra_job: _HydraJob, hydra_config) -> JobOutco
                 print(f"[qwen3-neuron] run.resume: nothing left to train: its checkpoint step-{step} is at "
                       f"training.steps={steps} (training.steps=N trains on to step N)")  # fmt: skip
                 return JobOutcome(0, hydra_job.single_run)
-        composed = slurm.with_node_settings(composed)  # SLURM: this node's rank and rendezvous
-        settings = parse_settings(composed)  # the framework's own sections: typos need no torchtitan
-        check_trainer_keys(composed, settings)  # nor do those in torchtitan's sections
-        model_dir = find_model_dir(settings.model.hf_model) if settings.model.kind == "hf" else None
-        if settings.run.dry_run or settings.run.show_data:  # nothing trains: planned here, nothing started
-            return _plan_only(settings, hydra_job, composed, model_dir)
-        launch = worker_launch(settings, hydra_job.run_dir)
-        check_settings(settings, launch.device)  # no torchtitan needed: named before anything starts
+        job = Job.parse(slurm.with_node_settings(composed))  # SLURM: this node's rank and rendezvous
+        check_trainer_keys(job.composed, job.settings)  # torchtitan's sections: typos need no torchtitan
+        if job.settings.run.dry_run or job.settings.run.show_data:  # nothing trains: planned here, nothing started
+            return _plan_only(job, hydra_job)
+        job = job.settled()  # model=hf's dir found, the device resolved: once, for every worker
+        launch = worker_launch(job, hydra_job.run_dir)
+        check_settings(job.settings, job.device)  # no torchtitan needed: named before anything starts
         # before torchrun: local rank 0 records its plan in the run dir, which a refusal leaves empty
-        evaluation = _evaluation(settings, composed, launch.device, _sweeper_direction(hydra_config))
-        workers = _start_workers(settings, launch, hydra_job.run_dir, composed, model_dir)
+        evaluation = _evaluation(job, _sweeper_direction(hydra_config))
+        workers = _Workers(job, launch, hydra_job.run_dir)
         planned = workers.wait_for_plan()  # local rank 0's plan
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on
         if workers is not None:
@@ -153,20 +135,21 @@ def _run_job_in(cfg: DictConfig, hydra_job: _HydraJob, hydra_config) -> JobOutco
         if not isinstance(e, (ConfigError, OmegaConfBaseException)):
             raise
         return hydra_job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
-    return hydra_job.train(settings, planned, workers, evaluation)
+    return hydra_job.train(job, planned, workers, evaluation)
 
 
-def _evaluation(settings: Settings, composed: dict, device: str, direction: str | None):
+def _evaluation(job: Job, direction: str | None):
     """eval=lm_eval: lm-eval's task registry with the run's tasks checked (names, cached data,
     the objective's metric and direction) and an export planned; None for eval=none. Seconds
     (lm-eval indexes its task YAMLs): only runs that evaluate pay them, kept for the evaluation."""
+    settings = job.settings
     if settings.eval.kind == "none":
         return None
     from qwen3_neuron.eval.objective import PREFIX, check_objective_metric
     from qwen3_neuron.eval.run import check_export_planned, prepare
 
-    check_export_planned(composed)
-    manager = prepare(settings.eval, device)
+    check_export_planned(job.composed)
+    manager = prepare(settings.eval, job.device)
     if settings.run.objective.startswith(PREFIX):
         check_objective_metric(settings.run.objective, settings.eval, manager, direction)
     return manager
@@ -190,16 +173,17 @@ def _sweeper_direction(hydra_config) -> str | None:
     return str(direction) if direction is not None and hydra_config.mode != RunMode.RUN else None
 
 
-def _plan_only(settings: Settings, hydra_job: _HydraJob, composed: dict, model_dir: HFModelDir | None) -> JobOutcome:
+def _plan_only(job: Job, hydra_job: _HydraJob) -> JobOutcome:
     """A dry run or `run.show_data`: the plan, made and recorded here (importing torchtitan)."""
     from qwen3_neuron.planning.torchtitan_api import check_torchtitan_api
 
+    settings = job.settings
     check_torchtitan_api(settings.model.kind)  # before the plan's modules import those APIs
     from qwen3_neuron.planning.plan import make_plan  # imports torchtitan (seconds)
 
     quiet_console(settings.run.verbose)
-    plan = make_plan(composed, hydra_job.run_dir, None, model_dir)
-    _evaluation(settings, composed, plan.device, None)
+    plan = make_plan(job, hydra_job.run_dir)  # settles the job
+    _evaluation(plan.job, None)
     record_plan(plan, hydra_job.run_dir, [])  # its warnings: printed as it made them
     if settings.run.dry_run:
         _print_plan(plan, hydra_job.run_dir, settings.run.verbose)
@@ -212,10 +196,12 @@ def _plan_only(settings: Settings, hydra_job: _HydraJob, composed: dict, model_d
 
 
 class _Workers:
-    """This node's torchrun, started before the plan: its local rank 0 plans (`plan_request`:
-    what to plan) and the other ranks wait (`run_dir.Handoff`)."""
+    """This node's torchrun, started before the plan: its local rank 0 plans the job the plan
+    request holds and the other ranks wait (`run_dir.Handoff`)."""
 
-    def __init__(self, launch: WorkerLaunch, run_dir: Path, verbose: bool, plan_request: dict):
+    def __init__(self, job: Job, launch: WorkerLaunch, run_dir: Path):
+        """torchrun now, with its local rank 0 to plan the settled `job`: before any torchtitan
+        import here."""
         self.launch, self.run_dir = launch, run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         # what a resumed run's dir already holds: the progress line skips it, a discard keeps it
@@ -223,9 +209,10 @@ class _Workers:
         self.earlier_metrics_bytes = metrics.stat().st_size if metrics.exists() else 0
         self._earlier_log_bytes = log.stat().st_size if log.exists() else None
         self._earlier_rank_logs = _rank_logs(run_dir)
-        self.handoff = Handoff(launch.device, uuid.uuid4().hex, os.getpid())
-        self.handoff.request_plan(run_dir, plan_request)
-        self.torchrun = Torchrun(launch.command, {**launch.env, **self.handoff.to_env()}, run_dir, echo=verbose)
+        self.handoff = Handoff(uuid.uuid4().hex, os.getpid())
+        self.handoff.request_plan(run_dir, {"job": job.composed, "launch": dataclasses.asdict(launch)})
+        env = {**launch.env, **self.handoff.to_env()}
+        self.torchrun = Torchrun(launch.command, env, run_dir, echo=job.settings.run.verbose)
 
     def wait_for_plan(self) -> PlannedRun:
         """Local rank 0's plan, its warnings printed here; its config error raised here."""
@@ -271,18 +258,6 @@ def _rank_logs(run_dir: Path) -> set[Path]:
     return {ranks, *ranks.glob("*"), *ranks.glob("*/*")}
 
 
-def _start_workers(
-    settings: Settings, launch: WorkerLaunch, run_dir: Path, composed: dict, model_dir: HFModelDir | None
-) -> _Workers:
-    """torchrun now, with its local rank 0 to plan: before any torchtitan import here."""
-    request = {
-        "composed": composed,
-        "launch": dataclasses.asdict(launch),
-        "model_dir": {"path": str(model_dir.path), "config": model_dir.config} if model_dir else None,
-    }
-    return _Workers(launch, run_dir, settings.run.verbose, request)
-
-
 class _HydraJob:
     """This job as Hydra runs it: its run dir, and its place in a sweep (if it is in one)."""
 
@@ -302,14 +277,15 @@ class _HydraJob:
         )
         return JobOutcome(CONFIG_ERROR_EXIT, single_run=False, objective=value, summary=summary)
 
-    def train(self, settings: Settings, planned: PlannedRun, workers: _Workers, evaluation) -> JobOutcome:
-        """`workers`: waiting for go once their plan is made; `evaluation`: lm-eval's checked
-        task registry (eval=lm_eval), or None."""
-        run, launch = settings.run, workers.launch
+    def train(self, job: Job, planned: PlannedRun, workers: _Workers, evaluation) -> JobOutcome:
+        """`job`: settled; `workers`: waiting for go once their plan is made; `evaluation`:
+        lm-eval's checked task registry (eval=lm_eval), or None."""
+        settings, launch = job.settings, workers.launch
+        run = settings.run
         if planned.checkpoint.get("checkpoint_loaded"):
             print(f"[qwen3-neuron] continuing from checkpoint {planned.checkpoint['checkpoint_loaded']} of {self.run_dir}")
         # before any worker builds: their metrics compute MFU against it
-        write_run_dir_peak(self.run_dir, peak_for_run(launch.device, planned.dtype, launch.env), planned.world_size)
+        write_run_dir_peak(self.run_dir, peak_for_run(job.device, planned.dtype, launch.env), planned.world_size)
         progress = None
         if not run.verbose:
             progress = Progress(
@@ -350,9 +326,10 @@ class _HydraJob:
         if evaluation is not None and summary["status"] == "completed":  # the run is on record first
             from qwen3_neuron.eval.run import evaluate_run, evaluation_device
 
-            device = evaluation_device(settings.eval, launch.device)
+            device = evaluation_device(settings.eval, job.device)
             summary.update(evaluate_run(self.run_dir, settings.eval, summary, device, evaluation, run.verbose))
             exit_code = exit_code or (1 if summary["eval_error"] else 0)
+            summary["exit_code"] = exit_code  # the job's, as a sweep that ran elsewhere reads it back
             write_summary(self.run_dir, summary)
         for line in [*summary_lines(summary), f"run dir: {self.run_dir} (every figure: summary.json)"]:
             print(f"[qwen3-neuron] {line}")

@@ -19,7 +19,7 @@ import operator
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 from torchtitan.config.override import apply_overrides
 from torchtitan.trainer import Trainer
@@ -27,12 +27,12 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.settings import Settings, check_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
+from qwen3_neuron.config.trainer_keys import schema_disagreement
 from qwen3_neuron.data.checks import check_data
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, UnsupportedModel
 from qwen3_neuron.finetune.lora import uncovered_note
 from qwen3_neuron.models.hf.model_dir import (
-    HFModelDir,
     check_initial_hf_load,
     check_tokenizer_fits,
     native_architecture,
@@ -49,8 +49,8 @@ MUST_BE_POSITIVE = ("training.steps", "training.local_batch_size", "training.seq
 
 @dataclass
 class Plan:
-    job: Job  # settled: the device and model dir as the workers take them (job.yaml)
-    launch: WorkerLaunch  # the device, ranks per node, torchrun command and workers' environment
+    job: Job  # settled: the device, model dir and NEFF cache as the workers take them (job.yaml)
+    launch: WorkerLaunch  # ranks per node, torchrun command and workers' environment
     trainer_config: Trainer.Config  # local rank 0 trains with it
     replacements: list[str]  # torchtitan's "[Override] target: fqn Old -> New" lines
     notes: list[str] = field(default_factory=list)  # what the plan settled or could not check
@@ -66,7 +66,7 @@ class Plan:
 
     @property
     def device(self) -> str:
-        return self.launch.device
+        return self.job.device
 
     @property
     def nproc_per_node(self) -> int:
@@ -93,28 +93,32 @@ class Plan:
 
 
 def make_plan(
-    composed: Mapping[str, Any],
+    job: Job,
     run_dir: Path,
     launch: WorkerLaunch | None = None,
-    model_dir: HFModelDir | None = None,
     warn: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
 ) -> Plan:
-    """Validate everything and work out what to run; raises ConfigError on bad input. `launch`:
-    the torchrun command already started for this run (`worker_launch` of the same settings);
-    `model_dir`: model=hf's dir, found before it (`find_model_dir`); `warn`: where the plan's
-    warnings and notes go (standard error; local rank 0 hands them to the launcher)."""
-    job = Job.parse(composed)  # this process's one parse
-    settings = job.settings
-    launch = launch or worker_launch(settings, run_dir)
-    device, nproc = launch.device, launch.nproc_per_node
+    """Validate everything and work out what to run; raises ConfigError on bad input. `job`: the
+    settled job whose torchrun command `launch` already started (local rank 0), or with `launch`
+    None a job parsed and not yet settled (a dry run, `run.show_data`: it is settled here);
+    `warn`: where the plan's warnings and notes go (standard error; local rank 0 hands them to
+    the launcher)."""
+    if launch is None:
+        job = job.settled()
+        launch = worker_launch(job, run_dir)
+    settings, device, nproc = job.settings, job.device, launch.nproc_per_node
     check_settings(settings, device)
     # a dry run may plan for a device that is not here: say so, and skip what only it can check
     missing = devices.unavailable_reason(device) if settings.run.dry_run else None
     notes = [f"device={device} is not here ({missing}) - dry run: planned for it, not checked"] if missing else []
     model = settings.model
-    model_dir = open_model_dir(model.hf_model, model.trust_remote_code, model_dir) if model.kind == "hf" else None
-    job = job.settled(device, launch.env.get(devices.NEFF_CACHE_ENV), model_dir)  # job.yaml
+    model_dir = open_model_dir(model.hf_model, model.trust_remote_code, job.model_dir) if model.kind == "hf" else None
+    job = job.with_neff_cache(launch.env.get(devices.NEFF_CACHE_ENV))  # job.yaml
     config = build_trainer_config(job, run_dir)
+    stale_keys = schema_disagreement(settings)  # the launcher's key check, against the installed classes
+    if stale_keys:
+        warn(f"[qwen3-neuron] note: {stale_keys}")
+        notes.append(stale_keys)
     world_size = nproc * settings.run.nnodes
     _check_positive(config)
     _check_worker_modes(config, world_size)
@@ -151,10 +155,10 @@ def make_plan(
 def _compile_cache(settings: Settings, launch: WorkerLaunch, notes: list[str]) -> str | None:
     """device=neuron: the plan's line about TorchNeuron's NEFF cache (`worker_launch` put it in the
     workers' env). Outside the run dir on purpose: runs and sweep jobs share it."""
-    requested = settings.device.cache_dir
-    if launch.device != "neuron":
+    requested, device = settings.device.cache_dir, settings.device.type
+    if device != "neuron":
         if requested is not None:
-            notes.append(f"device.cache_dir={requested} is TorchNeuron's NEFF cache: unused on device={launch.device}")
+            notes.append(f"device.cache_dir={requested} is TorchNeuron's NEFF cache: unused on device={device}")
         return None
     _, source = devices.neff_cache_dir(requested)
     return (

@@ -4,7 +4,9 @@ SweepReport clears a stale stop note (see qwen3_neuron.report.summary.sweep_job_
 starts, and writes the sweep summary (qwen3_neuron.report.sweep_table) into the sweep dir after every
 job, so that it is current even when the sweep stops early (run.stop_on_failure, Ctrl-C, an
 Optuna study whose trials all failed), and once more at the end of the multirun, when it also
-prints the table. The launch's exit code comes from the jobs' outcomes (`launch.job.launch_exit_code`).
+prints the table. The launch's exit code comes from the jobs' outcomes (`report.outcome`): those
+of jobs that ran in this process are launch.py's already; when they all ran elsewhere (submitit),
+it reads them from their summaries here and hands them to launch.py (`SweepEnded`).
 """
 
 from __future__ import annotations
@@ -17,22 +19,31 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from qwen3_neuron.report.sweep_table import CSV_FILE, MARKDOWN_FILE, PLOT_FILE, write_report
+from qwen3_neuron.report.outcome import JobOutcome, SweepEnded
+from qwen3_neuron.report.sweep_table import CSV_FILE, MARKDOWN_FILE, PLOT_FILE, collect_jobs, write_report
 from qwen3_neuron.run_dir import STOP_FILE
 
 log = logging.getLogger(__name__)
 
+
 class SweepReport(Callback):
+    def __init__(self) -> None:
+        self.jobs_ended_here = 0  # a launcher plugin that runs jobs elsewhere ends them in a copy of this
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # a sweep dir reused (a fixed hydra.sweep.dir): an old stop note must not skip new jobs
         (Path(config.hydra.sweep.dir) / STOP_FILE).unlink(missing_ok=True)
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         if config.hydra.mode == RunMode.MULTIRUN:
+            self.jobs_ended_here += 1
             _write(Path(config.hydra.sweep.dir), quiet=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        _write(Path(config.hydra.sweep.dir), quiet=False)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        _write(sweep_dir, quiet=False)
+        if not self.jobs_ended_here:  # submitit ran them: launch.py has none of their outcomes
+            raise SweepEnded([JobOutcome.recorded(job.summary) for job in collect_jobs(sweep_dir)])
 
 
 def _write(sweep_dir: Path, quiet: bool) -> None:

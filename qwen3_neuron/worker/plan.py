@@ -20,24 +20,23 @@ if TYPE_CHECKING:
     from qwen3_neuron.planning.plan import Plan
 
 
-def plan_for_the_launcher(run_dir: Path, handoff: Handoff) -> Plan:
-    """Record the plan and say it is ready; a config error is handed over and ends this rank."""
+def plan_for_the_launcher(run_dir: Path, handoff: Handoff, request: dict[str, Any]) -> Plan:
+    """Record the plan of the launcher's `request` (`Handoff.request_plan`: the settled job and
+    its torchrun command) and say it is ready; a config error is handed over and ends this rank."""
+    from qwen3_neuron.config.job import Job
     from qwen3_neuron.config.torchrun import WorkerLaunch
     from qwen3_neuron.errors import ConfigError
-    from qwen3_neuron.models.hf.model_dir import HFModelDir
     from qwen3_neuron.planning.torchtitan_api import check_torchtitan_api
 
     print(PLANNING_LINE, flush=True)
-    request = handoff.read_request(run_dir)
-    found = request["model_dir"]
-    model_dir = HFModelDir(Path(found["path"]), found["config"]) if found else None
     messages: list[str] = []
     try:
-        check_torchtitan_api(request["composed"]["model"]["kind"])  # before the plan's modules import them
+        job = Job.recorded(request["job"])  # this process's one parse
+        check_torchtitan_api(job.settings.model.kind)  # before the plan's modules import them
         from qwen3_neuron.planning.plan import make_plan
         from qwen3_neuron.planning.record import record_plan
 
-        plan = make_plan(request["composed"], run_dir, WorkerLaunch(**request["launch"]), model_dir, messages.append)
+        plan = make_plan(job, run_dir, WorkerLaunch(**request["launch"]), messages.append)
         loads = _checked_checkpoint(plan, messages.append)
         planned = dataclasses.replace(record_plan(plan, run_dir, messages), checkpoint=loads)
     except ConfigError as e:

@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from qwen3_neuron.config.job import recorded_device
 from qwen3_neuron.devices.fixes import install
 from qwen3_neuron.process_exit import exit_without_teardown
 from qwen3_neuron.run_dir import (
@@ -33,15 +34,15 @@ from qwen3_neuron.run_dir import (
 
 def main(run_dir: Path) -> None:
     handoff = Handoff.from_env()
-    device = handoff.device if handoff else read_job(run_dir)["device"]["type"]
-    install(device)  # before torchtitan modules copy the device type at import
+    request = handoff.read_request(run_dir) if handoff else None  # the launcher's settled job, before job.yaml
+    install(recorded_device(request["job"] if request else read_job(run_dir)))  # before torchtitan copies it
 
     plan = None
     if handoff and os.environ.get("LOCAL_RANK") == "0":
         # started before the plan: local rank 0 makes it, checking torchtitan's APIs before importing them
         from qwen3_neuron.worker.plan import plan_for_the_launcher
 
-        plan = plan_for_the_launcher(run_dir, handoff)
+        plan = plan_for_the_launcher(run_dir, handoff, request)
     try:  # the other ranks import meanwhile
         import torch
         from torchtitan.observability import structured_logger as sl
