@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import compose_config
+from conftest import compose_job
 
 from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
 from qwen3_neuron.planning.torchtitan_api import TorchtitanApi, check_torchtitan_api
@@ -125,11 +125,11 @@ def test_a_torchtitan_lacking_an_api_stops_the_workers_plan_naming_it(tmp_path, 
     from qwen3_neuron.worker.plan import plan_for_the_launcher
 
     monkeypatch.delattr(lora, "LoRAConverter")  # as in a torchtitan without LoRA
-    handoff, run_dir = Handoff("cpu", "test", os.getpid()), tmp_path / "run"
+    handoff, run_dir = Handoff("test", os.getpid()), tmp_path / "run"
     run_dir.mkdir()
-    handoff.request_plan(run_dir, {"composed": compose_config(), "launch": {}, "model_dir": None})
+    request = {"job": compose_job().settled().composed, "launch": {}}
     with pytest.raises(SystemExit) as stopped:
-        plan_for_the_launcher(run_dir, handoff)
+        plan_for_the_launcher(run_dir, handoff, request)
     assert stopped.value.code == PLAN_FAILED_EXIT
     assert handoff.files(run_dir)["error"].read_text() == (
         f"the installed torchtitan ({importlib.metadata.version('torchtitan')}) lacks what this project uses: "
