@@ -282,7 +282,8 @@ def test_txt_sample_by_makes_a_document_of_each_paragraph_file_or_line(tmp_path,
     source = DataSource(files=str(path), txt_sample_by=sample_by, overlong="split")
     dataset = PackedDataset(source, tokenizer, seq_len=64, infinite=False)
     [(sample, _)] = list(dataset)
-    inputs = [tokenizer.encode(text, add_bos=True, add_eos=True)[:-1] for text in documents]  # each predicts its EOS
+    # a document's inputs end before its EOS, the last label
+    inputs = [tokenizer.encode(text, add_bos=True, add_eos=True)[:-1] for text in documents]
     expected = [t for document_inputs in inputs for t in document_inputs]
     assert [int(t) for t in sample["input"][: len(expected)]] == expected
     assert dataset.stats["documents"] == len(documents)
