@@ -318,12 +318,12 @@ STEPS, GLOBAL_TOKENS = 10, 2 * 256  # per step, padding included (torchtitan cou
 DENSE, MOE = "experiment=cpu_qwen3_tiny_native", "experiment=cpu_qwen3_tiny_moe"
 
 # How close a layout must come to one rank, from measurements (torch 2.13, CPU). A same-config
-# repeat is bit-identical here (one rank's 10 losses and grad norms, three launches in two
-# sessions; test_resume.py asserts equal losses for a repeat of the default job), so all a layout
+# repeat is bit-identical here (one rank's 10 losses and grad norms, launched again in another
+# session; test_resume.py asserts equal losses for a repeat of the default job), so all a layout
 # may change is the order of float32 sums. Largest |loss - one rank's| and |grad norm / one
 # rank's - 1| over the 10 steps:
-#   dense: FSDP, TP, CP 9.5e-7 (2 float32 ulps at 7.x) and 3.5e-5; HSDP 2 x 1 9.5e-7 and 2.1e-7.
-#     The grad-norm gap is the float32 norm itself (at step 1 with batches of 4: the fp64 norm of
+#   dense: FSDP, TP, CP 9.5e-7 (2 float32 ulps at 7.x) and 3.5e-5; HSDP 2 x 1 (one node or two)
+#     9.5e-7 and 2.1e-7. The grad-norm gap is the float32 norm itself (at step 1 with batches of 4: the fp64 norm of
 #     the same gradients, equal per parameter to 3e-8, is 1.1e-5 above one rank's, 4e-6 above FSDP's).
 #   MoE, EP 2: 1.9e-4 and 2.1e-4 (step 1: 0 and 4e-6; the gap grows over the steps).
 # The tolerances are 5-10x those. A gradient summed instead of averaged over the 2 ranks shows
