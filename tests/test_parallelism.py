@@ -323,8 +323,9 @@ DENSE, MOE = "experiment=cpu_qwen3_tiny_native", "experiment=cpu_qwen3_tiny_moe"
 # may change is the order of float32 sums. Largest |loss - one rank's| and |grad norm / one
 # rank's - 1| over the 10 steps:
 #   dense: FSDP, TP, CP 9.5e-7 (2 float32 ulps at 7.x) and 3.5e-5; HSDP 2 x 1 (one node or two)
-#     9.5e-7 and 2.1e-7. The grad-norm gap is the float32 norm itself (at step 1 with batches of 4: the fp64 norm of
-#     the same gradients, equal per parameter to 3e-8, is 1.1e-5 above one rank's, 4e-6 above FSDP's).
+#     9.5e-7 and 2.1e-7. The grad-norm gap is the float32 norm itself (at step 1 with batches
+#     of 4: the fp64 norm of the same gradients, equal per parameter to 3e-8, is 1.1e-5 above one
+#     rank's, 4e-6 above FSDP's).
 #   MoE, EP 2: 1.9e-4 and 2.1e-4 (step 1: 0 and 4e-6; the gap grows over the steps).
 # The tolerances are 5-10x those. A gradient summed instead of averaged over the 2 ranks shows
 # as a grad norm twice one rank's (1.0 relative).
