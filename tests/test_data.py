@@ -265,6 +265,41 @@ def test_each_file_form_reads_its_rows_as_documents(tmp_path, tokenizer, form):
     assert [int(t) for t in labels].count(eos) == 3  # each document's last label is its EOS
 
 
+NOTES = "alpha beta\ngamma\n\ndelta\n\nepsilon zeta\n"
+
+
+@pytest.mark.parametrize(
+    "sample_by, documents",
+    [
+        ("paragraph", ["alpha beta\ngamma", "delta", "epsilon zeta\n"]),
+        ("document", [NOTES]),
+        ("line", ["alpha beta", "gamma", "delta", "epsilon zeta"]),  # a blank line is no document
+    ],
+)
+def test_txt_sample_by_makes_a_document_of_each_paragraph_file_or_line(tmp_path, tokenizer, sample_by, documents):
+    path = tmp_path / "notes.txt"
+    path.write_text(NOTES)
+    source = DataSource(files=str(path), txt_sample_by=sample_by, overlong="split")
+    dataset = PackedDataset(source, tokenizer, seq_len=64, infinite=False)
+    [(sample, _)] = list(dataset)
+    # a document's inputs end before its EOS, the last label
+    inputs = [tokenizer.encode(text, add_bos=True, add_eos=True)[:-1] for text in documents]
+    expected = [t for document_inputs in inputs for t in document_inputs]
+    assert [int(t) for t in sample["input"][: len(expected)]] == expected
+    assert dataset.stats["documents"] == len(documents)
+
+
+def test_data_txt_sample_by_reaches_the_loader(tmp_path, assets):
+    from conftest import compose_job
+
+    from qwen3_neuron.planning.plan import make_plan
+
+    (tmp_path / "notes.txt").write_text(NOTES)
+    job = compose_job("data=text", f"data.files={tmp_path / 'notes.txt'}", "data.txt_sample_by=line")
+    [source] = make_plan(job, tmp_path / "run").trainer_config.dataloader.sources
+    assert source.txt_sample_by == "line"
+
+
 def test_ranks_read_disjoint_shards_and_the_carve_splits_rows_disjointly(tmp_path, tokenizer):
     rows = [{"text": f"row {i}"} for i in range(40)]
     files = write_jsonl(tmp_path / "rows.jsonl", rows)
@@ -330,6 +365,26 @@ def test_show_data_prints_rank_0_samples_with_the_spans_without_loss_marked(tmp_
     assert f"<|im_start|>assistant\n⟧{first[2]['content']}<|im_end|>⟦\n<|im_start|>user" in text
     assert f"<|im_start|>assistant\n⟧<think>\n\n</think>\n\n{first[4]['content']}<|im_end|>" in text
     assert "⟦pad ×" in text
+
+
+@pytest.mark.integration
+def test_show_data_from_the_command_line_prints_the_samples_and_starts_nothing(tmp_path, assets):
+    """`launch.py ... run.show_data=2`: the launcher plans and prints rank 0's samples of the
+    2-rank job itself; no torchrun starts (no rank logs, no train.log), nothing trains."""
+    from conftest import compose_job, launch
+
+    from qwen3_neuron.data.preview import show_samples
+    from qwen3_neuron.planning.plan import make_plan
+
+    overrides = ("data=chat", "training.seq_len=256", "run.show_data=2")
+    run_dir = tmp_path / "run"
+    result = launch(run_dir, *overrides, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    plan = make_plan(compose_job(*overrides), tmp_path / "in-process")
+    assert show_samples(plan.trainer_config, 2, dp_world_size=2) in result.stdout
+    assert "=== sample 2 of rank 0: " in result.stdout and "=== sample 3 " not in result.stdout
+    assert "[qwen3-neuron] run.show_data=2: rank 0's first 2 samples shown; nothing trained" in result.stdout
+    assert not {"ranks", "train.log", "metrics.jsonl", "summary.json"} & {p.name for p in run_dir.iterdir()}
 
 
 def test_validation_records_merge_into_their_step_and_val_loss_is_an_objective(tmp_path):

@@ -1,10 +1,10 @@
 """The recipe's three trainings as named experiments: the trn2.48xlarge ones plan here as dry runs
 (no Trainium here), their CPU variants train.
 
-(cpu_qwen3_tiny_native trains in tests/test_parallelism.py, the FSDP run the layouts compare with;
-cpu_qwen3_tiny_moe is conftest.py's `moe_experiment_run`, which tests/test_moe_training.py compares
-torchtitan's experts and a user kernel with; cpu_qwen3_tiny_hf is tests/test_hf_integration.py's
-`hf_run`, exported and loaded back.)
+(cpu_qwen3_tiny_native trains in tests/test_parallelism.py, on each dense layout against one rank,
+and cpu_qwen3_tiny_moe there with expert parallel; as it is, it is conftest.py's
+`moe_experiment_run`, which tests/test_moe_training.py compares torchtitan's experts and a user
+kernel with; cpu_qwen3_tiny_hf is tests/test_hf_integration.py's `hf_run`, exported and loaded back.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from conftest import compose_config, compose_job, launch
 
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.launch.hydra_setup import experiment_without_plus
+from qwen3_neuron.launch.hydra_setup import CONF_DIR, experiment_without_plus
 from qwen3_neuron.models.flavors import moe_dims
 from qwen3_neuron.planning.layout import resolve_degrees
 from qwen3_neuron.planning.plan import make_plan
@@ -69,16 +69,7 @@ def test_trn2_qwen3_moe_nki_plans_64_experts_nki_dp64(tmp_path, assets):
         assert devices.NEURON_ATTENTION_OVERRIDE in plan.replacements_by_override()
 
 
-def model_hf_plans_here(tmp_path) -> None:
-    """Skip unless model=hf plans in this version (its CPU variant, whose model dir is local)."""
-    try:
-        make_plan(compose_job("experiment=cpu_qwen3_tiny_hf", "run.dry_run=true"), tmp_path / "probe")
-    except ConfigError as e:
-        pytest.skip(f"model=hf does not plan in this version: {e}")
-
-
 def test_trn2_qwen3_4b_hf_plans_from_hf_with_export(tmp_path, assets):
-    model_hf_plans_here(tmp_path)
     try:
         plan = dry_run(tmp_path, "trn2_qwen3_4b_hf")
     except ConfigError as e:
@@ -111,12 +102,18 @@ def test_a_trn2_dry_run_prints_the_torchrun_command_and_starts_nothing(tmp_path,
 
 
 def test_every_named_experiment_composes(assets):
-    for name in ("trn2_qwen3_4b_hf", "trn2_qwen3_4b_native", "trn2_qwen3_moe_nki",
-                 "cpu_qwen3_tiny_hf", "cpu_qwen3_tiny_native", "cpu_qwen3_tiny_moe"):  # fmt: skip
+    """Every file in conf/experiment/: trn2_* plans the trn2 node, cpu_* is a CI-sized CPU run."""
+    names = sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))
+    assert {"trn2_qwen3_moe_nki", "cpu_qwen3_tiny_native", "optuna_lr"} <= set(names)
+    for name in names:
         composed = compose_config(f"experiment={name}")
-        on_trn2 = name.startswith("trn2")
-        assert composed["device"]["type"] == ("neuron" if on_trn2 else "cpu")
-        assert on_trn2 or composed["training"]["steps"] <= 5  # CPU variants: CI-sized
+        if name.startswith("trn2_"):
+            assert composed["device"]["type"] == "neuron"
+        elif name.startswith("cpu_"):
+            assert composed["device"]["type"] == "cpu" and composed["run"]["nproc_per_node"] == 2
+            assert composed["training"]["steps"] <= 5
+        else:  # a search over the default job (tests/test_sweeps.py runs one)
+            assert name == "optuna_lr" and composed["device"]["type"] == "auto"
 
 
 # ---- the CPU variants train ------------------------------------------------------------------
@@ -146,7 +143,6 @@ def test_the_plus_form_of_experiment_still_selects_it():
 
 
 def test_trn2_qwen3_4b_sft_plans_chat_sft_with_validation_on_64_ranks(tmp_path, assets):
-    model_hf_plans_here(tmp_path)
     files = f"data.files={assets.chat_train_file}"
     try:
         plan = dry_run(tmp_path, "trn2_qwen3_4b_sft", files)
@@ -169,7 +165,6 @@ def test_trn2_qwen3_4b_sft_without_data_files_names_the_key(tmp_path, assets):
 
 
 def test_cpu_qwen3_tiny_sft_plans_the_same_flow_on_2_cpu_ranks(tmp_path, assets):
-    model_hf_plans_here(tmp_path)
     plan = make_plan(compose_job("experiment=cpu_qwen3_tiny_sft"), tmp_path / "run")
     assert (plan.device, plan.world_size) == ("cpu", 2)
     config = plan.trainer_config

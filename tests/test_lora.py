@@ -238,6 +238,29 @@ def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(backe
 
 
 @pytest.mark.integration
+def test_verify_takes_the_adapters_base_and_merged_model_from_the_command_line(lora_run, assets, tmp_path, capsys):
+    """An adapter moved away from its run dir, whose recorded base is gone: `--base` names the
+    base and `--merged` the merged export. The merged export passes; the untrained base in its
+    place fails on the logits."""
+    import shutil
+
+    adapter_dir = tmp_path / "adapter"
+    shutil.copytree(lora_run / "hf_adapter", adapter_dir)
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    (adapter_dir / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "/gone"}))
+    base, merged = str(assets.tiny_qwen3_dir), str(lora_run / "hf_export")
+
+    assert verify.main([str(adapter_dir)]) == 2  # the recorded base is not there
+    assert "/gone" in capsys.readouterr().err
+    assert verify.main([str(adapter_dir), "--base", base, "--merged", merged]) == 0
+    out = capsys.readouterr().out
+    assert f"adapter dir: {adapter_dir} (base: {base})" in out and f"vs merged {merged}" in out
+    assert out.strip().endswith("OK")
+    assert verify.main([str(adapter_dir), "--base", base, "--merged", base]) == 1
+    assert capsys.readouterr().out.strip().endswith("FAILED")
+
+
+@pytest.mark.integration
 @backends
 def test_a_resume_from_step_4_reloads_the_base_and_ends_on_the_uninterrupted_runs_exports(backend, request, assets,
                                                                                           tmp_path):  # fmt: skip

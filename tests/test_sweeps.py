@@ -190,8 +190,10 @@ def test_optuna_reports_the_best_trial_and_a_failed_trial_as_failed(tmp_path, as
     # TPE's seeded start-up draws (optuna 2.10.1): trial 0 nosuch (fails at plan), trial 1 tiny.
     # Not the grid sampler: hydra-optuna-sweeper 1.3.0 crashes when a grid's last trial fails
     # ("Study.stop is supposed to be invoked inside an objective function or a callback").
+    storage = f"sqlite:///{tmp_path / 'study.db'}"  # a persistent study (README: Sweeps)
     result = multirun(
         sweep_dir, "hydra/sweeper=optuna", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=2",
+        f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=flavors",
         "model.flavor=choice(tiny,nosuch)", "run.verbose=true", *SMALL,
     )  # fmt: skip
     output = result.stdout + result.stderr
@@ -208,6 +210,12 @@ def test_optuna_reports_the_best_trial_and_a_failed_trial_as_failed(tmp_path, as
     assert results["best_value"] == trained["final_loss"]  # run.objective=final_loss, not 0
     assert "Optuna best value:" in (sweep_dir / "summary.md").read_text()
     assert "step:  3" in result.stdout  # run.verbose=true: torchtitan's log on screen
+    # the study outlives the sweep: both trials in the sqlite file, as Optuna recorded them
+    import optuna
+
+    study = optuna.load_study(study_name="flavors", storage=storage)
+    states = {trial.params["model.flavor"]: (trial.state.name, trial.value) for trial in study.trials}
+    assert states == {"tiny": ("COMPLETE", trained["final_loss"]), "nosuch": ("FAIL", None)}
 
 
 def test_the_optuna_example_composes_into_a_search_space_the_plan_accepts(tmp_path, assets):
