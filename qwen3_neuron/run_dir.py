@@ -175,9 +175,14 @@ class Handoff:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Readers polling for `path` never see it half written."""
+    """Readers (a launcher polling, a summary after a crash) never see `path` half written: on
+    a full disk it is left as it was."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
+    try:
+        partial.write_text(text)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise
     partial.replace(path)
 
 
@@ -215,7 +220,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n")
+    _write_atomically(path, json.dumps(value, indent=2) + "\n")
 
 
 def complete_steps(checkpoint_folder: Path) -> list[int]:
