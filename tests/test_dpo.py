@@ -1,0 +1,83 @@
+"""Preference tuning (data=preference): the DPO objective equals TRL's for the same per-token
+log-probabilities; preference rows become packed pairs with their masks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qwen3_neuron.finetune.dpo import mean_metrics, pair_metrics, pair_terms, sequence_sums, token_logps
+
+
+def _trl_trainer(model_dir, ref_model, model, loss_type: str, beta: float, label_smoothing: float, tmp_path):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = Dataset.from_list([
+        {"prompt": [{"role": "user", "content": "What does getcontext() do?"}],
+         "chosen": [{"role": "assistant", "content": "Returns this thread's context."}],
+         "rejected": [{"role": "assistant", "content": "Nothing at all, ever."}]},
+        {"prompt": [{"role": "user", "content": "How is it declared?"}],
+         "chosen": [{"role": "assistant", "content": "def getcontext():"}],
+         "rejected": [{"role": "assistant", "content": "class Context: pass, with more words"}]},
+        {"prompt": [{"role": "user", "content": "What is a deque?"}],
+         "chosen": [{"role": "assistant", "content": "A double-ended queue."}],
+         "rejected": [{"role": "assistant", "content": "A dictionary."}]},
+    ])  # fmt: skip
+    args = DPOConfig(
+        output_dir=str(tmp_path), beta=beta, loss_type=[loss_type], label_smoothing=label_smoothing,
+        per_device_train_batch_size=3, report_to=[], use_cpu=True, bf16=False, max_length=None,
+    )  # fmt: skip
+    return DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=rows, processing_class=tokenizer)
+
+
+@pytest.mark.parametrize("loss_type, label_smoothing", [("sigmoid", 0.0), ("ipo", 0.0), ("robust", 0.2)])
+def test_the_dpo_loss_rewards_and_accuracy_are_trls(assets, tmp_path, loss_type, label_smoothing):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_pretrained(assets.tiny_qwen3_dir, dtype=torch.float32).eval()
+    policy = AutoModelForCausalLM.from_pretrained(assets.tiny_qwen3_dir, dtype=torch.float32).eval()
+    with torch.no_grad():  # a policy that has moved away from its reference
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    beta = 0.5
+    trainer = _trl_trainer(assets.tiny_qwen3_dir, reference, policy, loss_type, beta, label_smoothing, tmp_path)
+    batch = next(iter(trainer.get_train_dataloader()))
+    trl_loss = float(trainer._compute_loss(policy, batch, return_outputs=False).detach())
+    trl = {name: values[-1] for name, values in trainer._metrics["eval"].items()}  # the models are in eval mode
+
+    # The same rows as this project packs them: each pair's chosen and rejected sequences side by
+    # side in one sample, their response tokens marked with the pair's sequence ids.
+    ids, mask = batch["input_ids"], batch["completion_mask"]
+    n = ids.shape[0] // 2
+    labels = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+    sequence_ids = torch.where(mask[:, 1:] == 1, 0, -1)
+    sequence_ids[n:] = torch.where(sequence_ids[n:] == 0, 1, -1)
+    with torch.no_grad():
+        policy_tokens = token_logps(policy(ids).logits[:, :-1], labels)
+        reference_tokens = token_logps(reference(ids).logits[:, :-1], labels)
+    side_by_side = lambda t: torch.cat([t[:n], t[n:]], dim=1)  # noqa: E731  [2n, L] -> [n, 2L]
+    packed_ids = side_by_side(sequence_ids)
+    policy_sums, counts = sequence_sums(side_by_side(policy_tokens), packed_ids)
+    reference_sums, _ = sequence_sums(side_by_side(reference_tokens), packed_ids)
+    terms = pair_terms(policy_sums, reference_sums, counts, beta=beta, loss_type=loss_type,
+                       label_smoothing=label_smoothing)  # fmt: skip
+    ours = mean_metrics(pair_metrics(terms))
+
+    assert ours["pairs"] == n == 3
+    assert ours["loss"] == pytest.approx(trl_loss, rel=1e-5, abs=1e-6)
+    assert ours["rewards_chosen"] == pytest.approx(trl["rewards/chosen"], rel=1e-4, abs=1e-6)
+    assert ours["rewards_rejected"] == pytest.approx(trl["rewards/rejected"], rel=1e-4, abs=1e-6)
+    assert ours["reward_margin"] == pytest.approx(trl["rewards/margins"], rel=1e-4, abs=1e-6)
+    assert ours["reward_accuracy"] == pytest.approx(trl["rewards/accuracies"], rel=1e-6)  # TRL's is a float32 mean
+
+
+def test_policy_equal_to_reference_gives_ln2():
+    sums = torch.tensor([[-3.0, -5.0], [-1.0, -2.0], [0.0, 0.0]])
+    counts = torch.tensor([[2.0, 3.0], [1.0, 4.0], [0.0, 0.0]])  # the last slot holds no pair
+    metrics = mean_metrics(pair_metrics(pair_terms(sums, sums, counts, beta=0.1)))
+    assert metrics == {"pairs": 2.0, "loss": pytest.approx(0.6931471805599453), "rewards_chosen": 0.0,
+                       "rewards_rejected": 0.0, "reward_accuracy": 0.0, "reward_margin": 0.0}  # fmt: skip
