@@ -134,6 +134,8 @@ def make_plan(
     _check_export(config, settings)
     _check_local_paths(config)
     check_data(config, world_size)  # first rows only: fields, conversations, chat template, validation set
+    if settings.data.kind == "preference":
+        _check_preference(config, settings, world_size)
     model_on_meta = meta_model(config)  # built once for the LoRA note, the counts and the estimate
     if settings.finetune.method == "lora":
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
@@ -231,6 +233,31 @@ def _check_lora_base(config: Trainer.Config, kind: str) -> None:
         "checkpoint of a full model cannot be the base (it holds no adapter keys): export it with "
         "checkpointing=export_hf and load that dir."
     )
+
+
+def _check_preference(config: Trainer.Config, settings: Settings, world_size: int) -> None:
+    """data=preference: DPO tunes a model that already answers, against that model as it started."""
+    checkpoint = config.checkpoint
+    if not (checkpoint.enable and (checkpoint.initial_load_in_hf or checkpoint.initial_load_path)):
+        raise ConfigError(
+            "data=preference tunes a model against itself as it starts (the DPO reference), but nothing "
+            "loads weights: it would start from a random init. Add checkpointing=from_hf (e.g. "
+            "checkpointing=[from_hf,export_hf]) or checkpoint.initial_load_path=<dir>."
+        )
+    if settings.finetune.method != "lora":
+        raise ConfigError(
+            "data=preference with finetune=full is not built yet (its reference, a frozen copy of the "
+            "starting weights, is not there); use finetune=lora, whose reference is the model with its "
+            "adapters off."
+        )
+    degrees = layout.resolve_degrees(config.parallelism, world_size)
+    split = {"pipeline": degrees.pp, "tensor": degrees.tp, "context": degrees.cp}
+    for name, degree in split.items():
+        if degree > 1:
+            raise ConfigError(
+                f"data=preference with {name} parallelism (degree {degree}) is not supported: a pair's "
+                "log-probabilities are summed over whole sequences on one rank. Use parallelism=fsdp."
+            )
 
 
 def _check_worker_modes(config: Trainer.Config, world_size: int) -> None:
