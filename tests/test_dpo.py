@@ -3,6 +3,10 @@ log-probabilities; preference rows become packed pairs with their masks."""
 
 from __future__ import annotations
 
+import json
+import random
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -81,3 +85,24 @@ def test_policy_equal_to_reference_gives_ln2():
     metrics = mean_metrics(pair_metrics(pair_terms(sums, sums, counts, beta=0.1)))
     assert metrics == {"pairs": 2.0, "loss": pytest.approx(0.6931471805599453), "rewards_chosen": 0.0,
                        "rewards_rejected": 0.0, "reward_accuracy": 0.0, "reward_margin": 0.0}  # fmt: skip
+
+
+# ---- a tiny preference set: one constant chosen reply, random text rejected ----------------------
+
+CHOSEN = "I answer in one line."
+
+
+def write_constant_preference_set(folder, assets) -> tuple[Path, list[str]]:
+    """Pairs (TRL's conversational form) for the questions of the bundled pairs: the same chosen
+    reply to every one, random words rejected. Returns the file and held-out questions."""
+    rng = random.Random(0)
+    lines = assets.preference_train_file.read_text().splitlines()
+    questions = [json.loads(line)["prompt"][0]["content"] for line in lines]
+    words = " ".join(questions).split()
+    rows = [{"prompt": [{"role": "user", "content": question}],
+             "chosen": [{"role": "assistant", "content": CHOSEN}],
+             "rejected": [{"role": "assistant", "content": " ".join(rng.choices(words, k=rng.randint(4, 12)))}]}
+            for question in questions[:300]]  # fmt: skip
+    path = Path(folder) / "pairs.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path, questions[300:305]

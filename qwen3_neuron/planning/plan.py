@@ -122,6 +122,8 @@ def make_plan(
     world_size = nproc * settings.run.nnodes
     _check_positive(config)
     _check_worker_modes(config, world_size)
+    if settings.data.kind == "preference":
+        _check_preference(config, settings, world_size)
     replacements, unapplied = _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes)
     static_shapes = None
     if device == "neuron" and config.compile.enable:  # before torchrun: nothing recompiles or fails there
@@ -134,8 +136,6 @@ def make_plan(
     _check_export(config, settings)
     _check_local_paths(config)
     check_data(config, world_size)  # first rows only: fields, conversations, chat template, validation set
-    if settings.data.kind == "preference":
-        _check_preference(config, settings, world_size)
     model_on_meta = meta_model(config)  # built once for the LoRA note, the counts and the estimate
     if settings.finetune.method == "lora":
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
