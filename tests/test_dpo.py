@@ -4,11 +4,13 @@ log-probabilities; preference rows become packed pairs with their masks."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import read_jsonl, trained
 
 from qwen3_neuron.finetune.dpo import mean_metrics, pair_metrics, pair_terms, sequence_sums, token_logps
 
@@ -106,3 +108,62 @@ def write_constant_preference_set(folder, assets) -> tuple[Path, list[str]]:
     path = Path(folder) / "pairs.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path, questions[300:305]
+
+
+# The tiny HF Qwen3 with LoRA on the constant set: 2 ranks, 2 pairs' samples per rank and step,
+# held-out pairs validated at step 8, the tuned policy exported.
+DPO_LORA = ("experiment=cpu_qwen3_tiny_dpo", "training.seq_len=128", "training.steps=8", "optimizer.lr=1e-2",
+            "data.val_files=null", "data.val_fraction=0.05", "validator.freq=8", "validator.steps=1")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def dpo_lora_run(tmp_path_factory, assets):
+    files, held_out = write_constant_preference_set(tmp_path_factory.mktemp("dpo-data"), assets)
+    run = trained(tmp_path_factory.mktemp("dpo-lora") / "run", *DPO_LORA, f"data.files={files}")
+    return run, held_out
+
+
+def _response_logps(model, tokenizer, question: str, reply: str) -> float:
+    """log p(reply's assistant turn | question) under `model`, as the run's data marks the turn."""
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                           tokenize=False)  # fmt: skip
+    full = tokenizer.apply_chat_template([{"role": "user", "content": question}, {"role": "assistant", "content": reply}],
+                                         tokenize=False).rstrip("\n")  # the marker's newline is not trained  # fmt: skip
+    assert full.startswith(prompt)
+    ids = tokenizer(full, return_tensors="pt")["input_ids"]
+    start = len(tokenizer(prompt)["input_ids"])
+    with torch.no_grad():
+        logps = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+    return float(logps[start - 1:].sum())
+
+
+@pytest.mark.integration
+def test_a_lora_dpo_run_starts_at_ln2_learns_the_preference_and_exports_the_tuned_policy(dpo_lora_run, assets):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run, held_out = dpo_lora_run
+    steps = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+    first = steps[0]
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)  # the policy is the reference at step 1
+    assert (first["rewards_chosen"], first["rewards_rejected"], first["reward_margin"]) == (0.0, 0.0, 0.0)
+    assert first["pairs"] >= 2 * 2  # 2 ranks x 2 samples, each holding at least one whole pair
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["first_loss"] == first["loss"]
+    assert summary["reward_accuracy"] > 0.9 and summary["val_reward_accuracy"] > 0.9
+    assert summary["reward_margin"] > 0 and summary["rewards_chosen"] > summary["rewards_rejected"]
+    assert summary["final_loss"] < 0.5 * math.log(2)
+    stats = summary["data_stats"]  # two documents per pair, none split or skipped
+    assert stats["documents"] == 2 * (stats["rows"] - stats["dropped"]) and stats["skipped"] == 0
+
+    # The export is the tuned policy: asked held-out questions through transformers, it prefers the
+    # chosen reply to random words by more than the starting model does, on every question.
+    tokenizer = AutoTokenizer.from_pretrained(summary["export_dir"])
+    tuned = AutoModelForCausalLM.from_pretrained(summary["export_dir"]).eval()
+    base = AutoModelForCausalLM.from_pretrained(assets.tiny_qwen3_dir).eval()
+    rng = random.Random(1)
+    words = " ".join(held_out).split()
+    for question in held_out:
+        rejected = " ".join(rng.choices(words, k=8))
+        margin = {name: _response_logps(model, tokenizer, question, CHOSEN) - _response_logps(model, tokenizer, question, rejected)
+                  for name, model in (("tuned", tuned), ("base", base))}  # fmt: skip
+        assert margin["tuned"] > margin["base"], question
