@@ -139,7 +139,6 @@ PLAN_TIME = [
      ["row 0", "its prompt is", "training.seq_len=64", "raise training.seq_len above"]),
     ([*DPO, "data.files={bad}/pairs.jsonl", "data.chosen_field=better"], ["data.chosen_field=better is not a column", "its columns: chosen, prompt, rejected"]),
     (["model=hf", "finetune=lora", "data=preference"], ["data=preference tunes a model against itself", "checkpointing=from_hf"]),
-    ([*DPO, "finetune=full"], ["data=preference with finetune=full is not built yet", "finetune=lora"]),
     ([*DPO, "parallelism=tp"], ["data=preference with tensor parallelism (degree 2) is not supported", "parallelism=fsdp"]),
     ([*DPO, "preference.beta=0"], ["preference.beta must be > 0"]),
     ([*DPO, "preference.loss=hinge"], ["preference.loss", "'sigmoid'", "'ipo'", "'robust'"]),

@@ -116,11 +116,26 @@ DPO_LORA = ("experiment=cpu_qwen3_tiny_dpo", "training.seq_len=128", "training.s
             "data.val_files=null", "data.val_fraction=0.05", "validator.freq=8", "validator.steps=1")  # fmt: skip
 
 
+# finetune=full: the reference is a frozen copy of the starting weights; one rank, 6 steps.
+DPO_FULL = (*DPO_LORA[:-2], "finetune=full", "optimizer.lr=1e-3", "training.steps=6", "run.nproc_per_node=1",
+            "validator.freq=6", "validator.steps=1")  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def dpo_lora_run(tmp_path_factory, assets):
-    files, held_out = write_constant_preference_set(tmp_path_factory.mktemp("dpo-data"), assets)
-    run = trained(tmp_path_factory.mktemp("dpo-lora") / "run", *DPO_LORA, f"data.files={files}")
-    return run, held_out
+def constant_pairs(tmp_path_factory, assets):
+    return write_constant_preference_set(tmp_path_factory.mktemp("dpo-data"), assets)
+
+
+@pytest.fixture(scope="module")
+def dpo_lora_run(tmp_path_factory, constant_pairs):
+    files, held_out = constant_pairs
+    return trained(tmp_path_factory.mktemp("dpo-lora") / "run", *DPO_LORA, f"data.files={files}"), held_out
+
+
+@pytest.fixture(scope="module")
+def dpo_full_run(tmp_path_factory, constant_pairs):
+    files, held_out = constant_pairs
+    return trained(tmp_path_factory.mktemp("dpo-full") / "run", *DPO_FULL, f"data.files={files}"), held_out
 
 
 def _response_logps(model, tokenizer, question: str, reply: str) -> float:
@@ -138,20 +153,23 @@ def _response_logps(model, tokenizer, question: str, reply: str) -> float:
 
 
 @pytest.mark.integration
-def test_a_lora_dpo_run_starts_at_ln2_learns_the_preference_and_exports_the_tuned_policy(dpo_lora_run, assets):
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_a_dpo_run_starts_at_ln2_learns_the_preference_and_exports_the_tuned_policy(request, kind, assets):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    run, held_out = dpo_lora_run
+    run, held_out = request.getfixturevalue(f"dpo_{kind}_run")
     steps = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
     first = steps[0]
     assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)  # the policy is the reference at step 1
     assert (first["rewards_chosen"], first["rewards_rejected"], first["reward_margin"]) == (0.0, 0.0, 0.0)
-    assert first["pairs"] >= 2 * 2  # 2 ranks x 2 samples, each holding at least one whole pair
+    assert first["pairs"] >= 2 * (2 if kind == "lora" else 1)  # ranks x 2 samples, each with a whole pair or more
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["first_loss"] == first["loss"]
     assert summary["reward_accuracy"] > 0.9 and summary["val_reward_accuracy"] > 0.9
     assert summary["reward_margin"] > 0 and summary["rewards_chosen"] > summary["rewards_rejected"]
     assert summary["final_loss"] < 0.5 * math.log(2)
+    estimate = json.loads((run / "memory_estimate.json").read_text())  # full: a copy of the weights, lora: none
+    assert estimate["reference_gib"] == (estimate["parameters_gib"] if kind == "full" else 0.0)
     stats = summary["data_stats"]  # two documents per pair, none split or skipped
     assert stats["documents"] == 2 * (stats["rows"] - stats["dropped"]) and stats["skipped"] == 0
 

@@ -220,8 +220,8 @@ class PreferenceSettings:
     """loss=robust: the probability that a pair's preference is flipped, 0 <= p < 0.5."""
 
     precompute_reference: bool = False
-    """finetune=full: the reference's log-probabilities of every pair are computed in one pass
-    before training (no frozen copy of the weights in memory while training). Not built yet."""
+    """finetune=full: the reference's log-probabilities of every pair computed in one pass before
+    training, instead of a frozen copy of the weights in memory. Not built yet: refused."""
 
 
 @dataclass(kw_only=True)
@@ -346,4 +346,5 @@ def _check_preference(settings: Settings) -> None:
                           f"preference.loss={preference.loss} does not read it.")  # fmt: skip
     if preference.precompute_reference:
         raise ConfigError("preference.precompute_reference=true is not built yet: the reference is the model "
-                          "with its adapters off (finetune=lora) or a frozen copy of the starting weights (finetune=full).")
+                          "with its adapters off (finetune=lora) or a frozen copy of the starting weights "
+                          "(finetune=full).")  # fmt: skip

@@ -14,8 +14,12 @@ losses and sums them over the ranks for its log, so the logged loss is that mean
 the ranks' gradients (torchtitan's divide factor 1), the gradient of the same mean.
 
 The reference: finetune=lora, the same model with every adapter's output scaled by 0, under
-no_grad (no second copy of the weights). At the first step LoRA's B is 0, so the policy is the
-reference and the sigmoid loss is ln 2.
+no_grad (no second copy of the weights). finetune=full: a frozen copy of the starting weights
+(`FrozenReference`: each rank copies its own shards once torchtitan has loaded them, at the first
+step), swapped into the model's parameters in place for the reference forward and back after
+it, so FSDP gathers them as it gathers the policy's; the copy is part of the checkpoints, so a
+resumed run keeps the reference it started with. At the first step the policy is the reference
+either way, and the sigmoid loss is ln 2.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from contextlib import contextmanager
 
 import spmd_types as spmd
 import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
 from torchtitan.distributed import utils as dist_utils
 
 from qwen3_neuron.finetune.dpo import (
@@ -55,11 +61,62 @@ def adapters_off(model: torch.nn.Module):
             layer._lora_scaling = scaling
 
 
+CHECKPOINT_KEY = "dpo_reference"  # the frozen reference's entry in torchtitan's checkpoint states
+
+
+class FrozenReference(Stateful):
+    """finetune=full: the starting weights, kept beside the model's parameters (local shards)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.parameters = list(model.parameters())
+        with torch.no_grad():  # allocated now, so that a checkpoint load has tensors to load into
+            self.copies = [p.detach().clone() for p in self.parameters]
+        self.taken = torch.zeros((), dtype=torch.int64)
+
+    def take(self) -> None:
+        """Copy the weights as they are now (call after torchtitan's initial load)."""
+        with torch.no_grad():
+            for parameter, copy in zip(self.parameters, self.copies):
+                _local(copy).copy_(_local(parameter))
+        self.taken.fill_(1)
+
+    @contextmanager
+    def swapped_in(self):
+        self._swap()
+        try:
+            yield
+        finally:
+            self._swap()
+
+    def _swap(self) -> None:
+        with torch.no_grad():
+            for parameter, copy in zip(self.parameters, self.copies):
+                current, frozen = _local(parameter), _local(copy)
+                held = current.clone()  # one parameter at a time
+                current.copy_(frozen)
+                frozen.copy_(held)
+
+    def state_dict(self) -> dict:
+        return {"taken": self.taken, **{f"weight_{i}": copy for i, copy in enumerate(self.copies)}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.taken.copy_(state_dict["taken"])
+        for i, copy in enumerate(self.copies):
+            loaded = state_dict[f"weight_{i}"]
+            if loaded is not copy:
+                _local(copy).copy_(_local(loaded))
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 class PreferenceStep:
     """DPO in place of the trainer's language-model loss (install with `install`)."""
 
-    def __init__(self, trainer, preference):
+    def __init__(self, trainer, preference, lora: bool):
         self.trainer = trainer
+        self.frozen = None if lora else FrozenReference(trainer.model_parts[0])
         self.beta, self.loss_type, self.label_smoothing = preference.beta, preference.loss, preference.label_smoothing
         self._train_step = trainer.train_step
         self._global_pairs = torch.ones((), device=trainer.device)
@@ -68,14 +125,18 @@ class PreferenceStep:
     def install(self) -> None:
         self.trainer.train_step = self.train_step
         self.trainer.forward_backward_step = self.forward_backward_step
-        if self.trainer.validator is not None and hasattr(self.trainer.validator, "dl_config"):
+        if hasattr(getattr(self.trainer, "validator", None), "dl_config"):  # torchtitan's Validator, when enabled
             self.trainer.validator.validate = self.validate
         self.trainer.metrics_processor.step_metrics = self.step_metrics
+        if self.frozen is not None:
+            self.trainer.checkpointer.states[CHECKPOINT_KEY] = self.frozen
 
     # ---- training --------------------------------------------------------------------------
 
     def train_step(self, data_iterator: Iterator) -> None:
         trainer = self.trainer
+        if self.frozen is not None and not int(self.frozen.taken):
+            self.frozen.take()  # the starting weights: torchtitan loaded them before the first step
         microbatches = [next(data_iterator) for _ in range(trainer.gradient_accumulation_steps)]
         local = sum(_pair_count(input_dict[SEQUENCE_IDS]) for input_dict, _ in microbatches)
         self._global_pairs = self._dp_sum(torch.tensor(float(local), device=trainer.device))
@@ -134,7 +195,8 @@ class PreferenceStep:
     # ---- shared ----------------------------------------------------------------------------
 
     def _reference(self, model, inputs, labels, extra_kwargs, sequence_ids) -> torch.Tensor:
-        with torch.no_grad(), adapters_off(model):
+        reference = adapters_off(model) if self.frozen is None else self.frozen.swapped_in()
+        with torch.no_grad(), reference:
             sums, _ = sequence_sums(token_logps(model(inputs, **extra_kwargs), labels), sequence_ids)
         return sums
 
@@ -154,7 +216,7 @@ def _pair_count(sequence_ids: torch.Tensor) -> int:
     return int(((sequence_ids.max(dim=-1).values + 1) // 2).sum())
 
 
-def install(trainer, preference) -> PreferenceStep:
-    step = PreferenceStep(trainer, preference)
+def install(trainer, preference, lora: bool) -> PreferenceStep:
+    step = PreferenceStep(trainer, preference, lora)
     step.install()
     return step

@@ -140,7 +140,8 @@ def make_plan(
     if settings.finetune.method == "lora":
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
     parameters = parameter_counts(model_on_meta)
-    memory = estimate_memory(config, world_size, device, nproc, model_on_meta)
+    frozen_reference = settings.data.kind == "preference" and settings.finetune.method == "full"
+    memory = estimate_memory(config, world_size, device, nproc, model_on_meta, frozen_reference)
     refusal = None
     try:
         check_fit(memory, config, settings.run.memory_check, warn=warn)
@@ -243,12 +244,6 @@ def _check_preference(config: Trainer.Config, settings: Settings, world_size: in
             "data=preference tunes a model against itself as it starts (the DPO reference), but nothing "
             "loads weights: it would start from a random init. Add checkpointing=from_hf (e.g. "
             "checkpointing=[from_hf,export_hf]) or checkpoint.initial_load_path=<dir>."
-        )
-    if settings.finetune.method != "lora":
-        raise ConfigError(
-            "data=preference with finetune=full is not built yet (its reference, a frozen copy of the "
-            "starting weights, is not there); use finetune=lora, whose reference is the model with its "
-            "adapters off."
         )
     degrees = layout.resolve_degrees(config.parallelism, world_size)
     split = {"pipeline": degrees.pp, "tensor": degrees.tp, "context": degrees.cp}

@@ -90,7 +90,7 @@ def main(run_dir: Path) -> None:
         if lora and settings.finetune.dropout:
             seed_each_step(trainer)  # a resumed run draws the masks the uninterrupted one drew
         if settings.data.kind == "preference":
-            install_dpo(trainer, settings.preference)  # before the meter wraps the step it measures
+            install_dpo(trainer, settings.preference, lora)  # before the meter wraps the step it measures
         if config.checkpoint.create_seed_checkpoint:  # the plan checked world size 1, checkpoint.enable
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")
