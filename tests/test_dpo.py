@@ -3,6 +3,7 @@ log-probabilities; preference rows become packed pairs with their masks."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -11,8 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import read_jsonl, trained
+from test_data import spans_of
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-from qwen3_neuron.finetune.dpo import mean_metrics, pair_metrics, pair_terms, sequence_sums, token_logps
+from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer
+from qwen3_neuron.data.dataset import PackedDataset
+from qwen3_neuron.data.preference import pair_tokens, row_pair
+from qwen3_neuron.data.preview import format_sample
+from qwen3_neuron.data.source import DataSource
+from qwen3_neuron.finetune.dpo import SEQUENCE_IDS, mean_metrics, pair_metrics, pair_terms, sequence_sums, token_logps
 
 
 def _trl_trainer(model_dir, ref_model, model, loss_type: str, beta: float, label_smoothing: float, tmp_path):
@@ -87,6 +95,84 @@ def test_policy_equal_to_reference_gives_ln2():
     metrics = mean_metrics(pair_metrics(pair_terms(sums, sums, counts, beta=0.1)))
     assert metrics == {"pairs": 2.0, "loss": pytest.approx(0.6931471805599453), "rewards_chosen": 0.0,
                        "rewards_rejected": 0.0, "reward_accuracy": 0.0, "reward_margin": 0.0}  # fmt: skip
+
+
+# ---- preference rows -> packed pairs ----------------------------------------------------------
+
+PREFERENCE = DataSource(format="preference", prompt_field="prompt")
+USER, GOOD, BAD = "What is a deque?", "A double-ended queue.", "A dictionary."
+EARLIER = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(assets):
+    return HuggingFaceTokenizer(tokenizer_path=str(assets.tokenizer_dir))
+
+
+def _trained_spans(tokenizer, row, source=PREFERENCE) -> list[list[str]]:
+    renderer = ChatRenderer(tokenizer)
+    return [spans_of(tokenizer, ids, trained) for ids, trained in pair_tokens(renderer, row_pair(row, source))]
+
+
+def test_the_three_shapes_of_a_pair_train_the_responses_only(tokenizer):
+    turn = lambda role, text: [{"role": role, "content": text}]  # noqa: E731
+    explicit = {"prompt": turn("user", USER), "chosen": turn("assistant", GOOD), "rejected": turn("assistant", BAD)}
+    implicit = {"chosen": turn("user", USER) + turn("assistant", GOOD), "rejected": turn("user", USER) + turn("assistant", BAD)}
+    strings = {"prompt": USER, "chosen": GOOD, "rejected": BAD}
+    expected = [[f"<think>\n\n</think>\n\n{GOOD}<|im_end|>"], [f"<think>\n\n</think>\n\n{BAD}<|im_end|>"]]
+    assert _trained_spans(tokenizer, explicit) == _trained_spans(tokenizer, implicit) == expected
+    assert _trained_spans(tokenizer, strings) == expected
+    # a multi-turn prompt: its own assistant turn is context, not trained
+    multi = {"chosen": EARLIER + turn("user", USER) + turn("assistant", GOOD),
+             "rejected": EARLIER + turn("user", USER) + turn("assistant", BAD)}  # fmt: skip
+    assert _trained_spans(tokenizer, multi) == expected
+    renamed = DataSource(format="preference", prompt_field="question", chosen_field="good", rejected_field="bad")
+    assert _trained_spans(tokenizer, {"question": USER, "good": GOOD, "bad": BAD}, renamed) == expected
+
+
+@pytest.mark.parametrize("row, error", [
+    ({"prompt": USER, "chosen": GOOD}, "data.rejected_field=rejected: the row has no rejected response"),
+    ({"prompt": USER, "chosen": GOOD, "rejected": GOOD}, "the chosen and the rejected response are the same"),
+    ({"chosen": GOOD, "rejected": BAD}, "string responses need a prompt column"),
+    ({"chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": GOOD}],
+      "rejected": [{"role": "user", "content": "b"}, {"role": "assistant", "content": BAD}]}, "share no prompt"),
+])  # fmt: skip
+def test_a_row_that_is_not_a_pair_says_why(row, error):
+    with pytest.raises(ChatFormatError, match=error):
+        row_pair(row, PREFERENCE)
+
+
+def test_pairs_are_packed_whole_with_their_sequence_ids(tmp_path, tokenizer):
+    rows = [{"prompt": f"{USER} {'x ' * i}", "chosen": GOOD, "rejected": BAD * (1 + i % 3)} for i in range(12)]
+    files = tmp_path / "pairs.jsonl"
+    files.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    source = DataSource(format="preference", prompt_field="prompt", files=str(files))
+    dataset = PackedDataset(source, tokenizer, seq_len=160, infinite=False)
+    samples = list(dataset)
+    pairs = 0
+    for input_dict, labels in samples:
+        positions, ids = input_dict["positions"].tolist(), input_dict[SEQUENCE_IDS].tolist()
+        starts = [i for i, p in enumerate(positions) if p == 0]
+        documents = [(a, b) for a, b in zip(starts, [*starts[1:], len(positions)])]
+        trained = [{ids[i] for i in range(a, b) if ids[i] >= 0} for a, b in documents]
+        numbered = [t.pop() for t in trained if t]  # one sequence id per trained document, in order
+        assert numbered == list(range(len(numbered))) and len(numbered) % 2 == 0  # whole pairs: chosen, rejected
+        assert all((ids[i] >= 0) == (labels[i] != -100) for i in range(len(ids)))
+        pairs += len(numbered) // 2
+    assert pairs == len(rows) and dataset.stats["documents"] == 2 * len(rows)
+    # run.show_data names each response and masks its prompt
+    input_dict, labels = samples[0]
+    shown = format_sample(0, input_dict["input"].tolist(), labels.tolist(), input_dict["positions"].tolist(),
+                          tokenizer, input_dict[SEQUENCE_IDS].tolist())  # fmt: skip
+    assert ", pair 1 chosen (tokens 0-" in shown and ", pair 1 rejected (tokens " in shown
+    assert f"</think>\n\n{GOOD}<|im_end|>\n──── document 2, pair 1 rejected" in shown
+    assert f"⟦<|im_start|>user\n{USER}" in shown
+    # too long for one sample: truncated to fit together (overlong=truncate), or dropped
+    short = PackedDataset(source, tokenizer, seq_len=48, infinite=False)
+    assert sum(1 for _ in short) > 0 and short.stats["truncated"] > 0
+    dropping = PackedDataset(dataclasses.replace(source, overlong="drop"), tokenizer, seq_len=48, infinite=False)
+    list(dropping)
+    assert dropping.stats["dropped"] == short.stats["truncated"] + short.stats["dropped"]
 
 
 # ---- a tiny preference set: one constant chosen reply, random text rejected ----------------------
