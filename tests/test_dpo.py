@@ -4,6 +4,7 @@ log-probabilities; preference rows become packed pairs with their masks."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import random
@@ -271,3 +272,43 @@ def test_a_dpo_run_starts_at_ln2_learns_the_preference_and_exports_the_tuned_pol
         margin = {name: _response_logps(model, tokenizer, question, CHOSEN) - _response_logps(model, tokenizer, question, rejected)
                   for name, model in (("tuned", tuned), ("base", base))}  # fmt: skip
         assert margin["tuned"] > margin["base"], question
+
+
+# ---- the DPO metrics in the summary, the sweep table, the objective and the progress line -------
+
+
+def test_dpo_metrics_reach_the_summary_the_sweep_table_the_objective_and_the_progress_line(tmp_path):
+    from test_sweeps import csv_rows, write_records
+
+    from qwen3_neuron.eval.objective import check_objective
+    from qwen3_neuron.eval.settings import EvalSettings
+    from qwen3_neuron.launch.progress import Progress
+    from qwen3_neuron.report.summary import summarize, sweep_job_value
+    from qwen3_neuron.report.sweep_table import write_report
+
+    for job, beta, accuracy in (("0", 0.1, 0.75), ("1", 0.5, 1.0)):
+        (tmp_path / job / ".hydra").mkdir(parents=True)
+        (tmp_path / job / ".hydra" / "overrides.yaml").write_text(f"- preference.beta={beta}\n")
+        step = {"loss": 0.4, "pairs": 8.0, "rewards_chosen": 0.3, "rewards_rejected": -0.2,
+                "reward_accuracy": accuracy, "reward_margin": 0.5}  # fmt: skip
+        held_out = {"val_loss": 0.45, "val_pairs": 4.0, "val_rewards_chosen": 0.25, "val_rewards_rejected": -0.1,
+                    "val_reward_accuracy": accuracy / 2, "val_reward_margin": 0.35}  # fmt: skip
+        write_records(tmp_path / job, [{"step": 1, **step, "loss": 0.6931}, {"step": 2, **step}, {"step": 2, **held_out}])
+        summary = summarize(tmp_path / job, "completed", 1.0)
+        (tmp_path / job / "summary.json").write_text(json.dumps(summary))
+    assert {k: summary[k] for k in ("first_loss", "final_loss", "reward_accuracy", "reward_margin", "rewards_chosen",
+                                    "rewards_rejected", "val_loss", "val_reward_accuracy", "val_reward_margin")} == {
+        "first_loss": 0.6931, "final_loss": 0.4, "reward_accuracy": 1.0, "reward_margin": 0.5, "rewards_chosen": 0.3,
+        "rewards_rejected": -0.2, "val_loss": 0.45, "val_reward_accuracy": 0.5, "val_reward_margin": 0.35}  # fmt: skip
+    for objective in ("reward_accuracy", "val_reward_accuracy", "val_reward_margin"):
+        check_objective(objective, EvalSettings())
+    assert sweep_job_value(summary, "val_reward_accuracy", stop_on_failure=True) == 0.5
+    write_report(tmp_path)
+    rows = csv_rows(tmp_path / "summary.csv")
+    assert [(r["preference.beta"], r["reward_accuracy"], r["val_reward_accuracy"]) for r in rows] == [
+        ("0.1", "0.75", "0.375"), ("0.5", "1.0", "0.5")]  # fmt: skip
+    out = io.StringIO()
+    progress = Progress(tmp_path / "0" / "metrics.jsonl", total_steps=2, stream=out)
+    progress._poll()
+    progress.stop()
+    assert "step 2/2  loss 0.4000  val 0.4500  acc 0.75  margin 0.500" in out.getvalue()
