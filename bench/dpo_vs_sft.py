@@ -27,8 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SAME_RUN = (
     "model=hf", "model.hf_model=${assets:tiny_qwen3_dir}", "model.flavor=full", "checkpointing=from_hf",
-    "parallelism=fsdp", "device=cpu", "kernels=none", "run.nproc_per_node=1", "training.steps=8",
-    "training.seq_len=256", "training.local_batch_size=2", "lr_scheduler.warmup_steps=1",
+    "parallelism=fsdp", "device=cpu", "kernels=none", "run.nproc_per_node=1", "training.steps=10",
+    "training.seq_len=1024", "training.local_batch_size=4", "lr_scheduler.warmup_steps=1",
     "metrics.enable_tensorboard=false", "hf.first_loss_check=off", "data.val_files=null",
 )  # fmt: skip
 KINDS = {"sft": ["data=chat"], "dpo": ["data=preference"]}
@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--finetune", choices=("lora", "full"), default="lora")
     args = parser.parse_args()
-    print(f"CPU: {cpu_name()}; finetune={args.finetune}; 1 rank, seq_len 256 x 2 per step, 8 steps", flush=True)
+    print(f"CPU: {cpu_name()}; finetune={args.finetune}; 1 rank, seq_len 1024 x 4 per step, 10 steps", flush=True)
     results: dict[str, list[dict]] = {kind: [] for kind in KINDS}
     with tempfile.TemporaryDirectory(prefix="dpo-vs-sft-") as scratch:
         for repeat in range(args.repeats):

@@ -16,7 +16,7 @@ end-of-turn marker, never the assistant turns of the prompt.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from qwen3_neuron.data.chat import (
@@ -99,6 +99,4 @@ def _implicit_prompt(chosen: Any, rejected: Any, source) -> tuple[list, list, li
 
 def _as_chat(source, messages_field: str):
     """`source` read as data=chat reads a message list (its role map, reasoning choice)."""
-    from dataclasses import replace
-
     return replace(source, format="chat", messages_field=messages_field, prompt_field=None, response_field=None)
