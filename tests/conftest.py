@@ -46,7 +46,7 @@ SHARED_RUNS = {
 }  # fmt: skip
 # xdist hands units out in collection order: the longest first, so that no long one starts last.
 LONGEST_FIRST = ("test_hf_integration.py", "default_run", "test_data_training.py", "test_parallelism.py",
-                 "test_sweeps.py", "test_lora.py", "test_chat.py", "moe_experiment_run", "test_slurm.py", "test_build.py")  # fmt: skip
+                 "test_sweeps.py", "test_dpo.py", "test_lora.py", "test_chat.py", "moe_experiment_run", "test_slurm.py", "test_build.py")  # fmt: skip
 
 
 def _unit(nodeid: str) -> str:

@@ -18,6 +18,7 @@ FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"
 # Bad data files for the data rows: "{bad}" in an override is this dir (written by `bad_data`).
 BAD_DATA = SESSION_CACHE / "bad-data"
 CHAT = ["data=chat", "data.val_files=null"]
+DPO = ["experiment=cpu_qwen3_tiny_dpo", "data.val_files=null"]
 
 # (overrides, texts the error must contain)
 PLAN_TIME = [
@@ -132,6 +133,19 @@ PLAN_TIME = [
     (["model=hf", "model.hf_model=nobody/no-such-model"],
      ["model.hf_model=nobody/no-such-model: not a local dir and not in the Hugging Face cache", "`hf download nobody/no-such-model`"]),
     (["data=text", "run.objective=val_los"], ["run.objective", "'val_loss'"]),
+    ([*DPO, "data.files={bad}/no_rejected.jsonl"], ["row 1", "data.rejected_field=rejected: the row has no rejected response"]),
+    ([*DPO, "data.files={bad}/same_responses.jsonl"], ["row 0", "the chosen and the rejected response are the same"]),
+    ([*DPO, "data.files={bad}/long_prompt.jsonl", "training.seq_len=64"],
+     ["row 0", "its prompt is", "training.seq_len=64", "raise training.seq_len above"]),
+    ([*DPO, "data.files={bad}/pairs.jsonl", "data.chosen_field=better"], ["data.chosen_field=better is not a column", "its columns: chosen, prompt, rejected"]),
+    (["model=hf", "finetune=lora", "data=preference"], ["data=preference tunes a model against itself", "checkpointing=from_hf"]),
+    ([*DPO, "parallelism=tp"], ["data=preference with tensor parallelism (degree 2) is not supported", "parallelism=fsdp"]),
+    ([*DPO, "preference.beta=0"], ["preference.beta must be > 0"]),
+    ([*DPO, "preference.loss=hinge"], ["preference.loss", "'sigmoid'", "'ipo'", "'robust'"]),
+    ([*DPO, "preference.label_smoothing=0.1"], ["preference.label_smoothing applies to preference.loss=robust"]),
+    ([*DPO, "preference.loss=robust", "preference.label_smoothing=0.5"], ["preference.label_smoothing=0.5", "0 <= p < 0.5"]),
+    (["data=chat", "preference.beta=0.2"], ["preference.beta applies to data=preference (this is data=chat)"]),
+    (["data=mix", "data.sources=[{files:'{bad}/pairs.jsonl',format:preference}]"], ["format=preference", "use data=preference"]),
 ]  # fmt: skip
 
 
@@ -160,6 +174,13 @@ def bad_data(assets):
         "tool_calls.jsonl": [{"messages": [turn("user", "hi"), call({"name": "get_time", "arguments": {}}),
                                            turn("tool", "12:00"), turn("assistant", "noon")]}],
     }  # fmt: skip
+    pair = {"prompt": [turn("user", "hi")], "chosen": [turn("assistant", "hello")], "rejected": [turn("assistant", "go away")]}
+    rows.update({
+        "pairs.jsonl": [pair] * 3,
+        "no_rejected.jsonl": [pair, {**pair, "rejected": None}],
+        "same_responses.jsonl": [{**pair, "rejected": pair["chosen"]}],
+        "long_prompt.jsonl": [{**pair, "prompt": [turn("user", "why " * 40)]}],
+    })  # fmt: skip
     for name, lines in rows.items():
         (BAD_DATA / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
     tokenizer = BAD_DATA / "tokenizer_without_template"

@@ -29,6 +29,7 @@ OPTIONS = {
     "data=c4": "hf download allenai/c4",
     "data=chat": [],
     "data=mix": [],
+    "data=preference": ["model=hf", "finetune=lora", "checkpointing=from_hf"],
     "data=text": [],
     "data=tiny": [],
     "device=auto": [],
@@ -55,11 +56,13 @@ OPTIONS = {
     "experiment=cpu_qwen3_tiny_moe": [],
     "experiment=cpu_qwen3_tiny_native": [],
     "experiment=cpu_qwen3_tiny_sft": [],
+    "experiment=cpu_qwen3_tiny_dpo": [],
     "experiment=optuna_lr": [],
     "experiment=trn2_qwen3_4b_hf": QWEN3_4B,
     "experiment=trn2_qwen3_4b_lora": ([CHATS], "checkpoint.initial_load_path=/fsx/models/Qwen3-4B-Instruct-2507"),
     "experiment=trn2_qwen3_4b_native": [],
     "experiment=trn2_qwen3_4b_sft": ([CHATS], QWEN3_4B),
+    "experiment=trn2_qwen3_4b_dpo": (["data.files=${assets:preference_train_file}"], QWEN3_4B),
     "experiment=trn2_qwen3_moe_nki": [],
 }
 GROUPS = ("checkpointing", "data", "device", "finetune", "kernels", "model", "parallelism", "experiment")

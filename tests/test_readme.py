@@ -28,6 +28,7 @@ def readme_commands() -> list[str]:
 def users_dir(tmp_path, assets, monkeypatch):
     """Where a user runs the README's commands: their files, under the README's names."""
     shutil.copy(assets.chat_train_file, tmp_path / "chats.jsonl")
+    shutil.copy(assets.preference_train_file, tmp_path / "pairs.jsonl")
     (tmp_path / "corpus").mkdir()
     shutil.copy(assets.text_train_file, tmp_path / "corpus" / "part-0.jsonl")
     rows = [{"instruction": f"Say {n}.", "output": f"{n}"} for n in range(40)]

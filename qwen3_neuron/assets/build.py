@@ -163,6 +163,7 @@ class AssetPaths:
     tiny_qwen3_dir: Path  # tiny dense HF model dir
     tiny_qwen3_moe_dir: Path  # tiny MoE HF model dir
     chat_dataset_dir: Path  # multi-turn conversations (data=chat)
+    preference_dataset_dir: Path  # prompt / chosen / rejected pairs (data=preference)
 
     @property
     def text_train_file(self) -> Path:
@@ -176,6 +177,14 @@ class AssetPaths:
     def chat_validation_file(self) -> Path:
         return self.chat_dataset_dir / "validation.jsonl"
 
+    @property
+    def preference_train_file(self) -> Path:
+        return self.preference_dataset_dir / "train.jsonl"
+
+    @property
+    def preference_validation_file(self) -> Path:
+        return self.preference_dataset_dir / "validation.jsonl"
+
     def artifacts(self) -> list[Path]:
         """All artifact dirs, in build order (the models copy the tokenizer's files)."""
         return [
@@ -184,6 +193,7 @@ class AssetPaths:
             self.tiny_qwen3_dir,
             self.tiny_qwen3_moe_dir,
             self.chat_dataset_dir,
+            self.preference_dataset_dir,
         ]
 
     def missing(self) -> list[Path]:
@@ -209,6 +219,7 @@ def asset_paths(root: Path | None = None) -> AssetPaths:
         tiny_qwen3_dir=root / "tiny_qwen3",
         tiny_qwen3_moe_dir=root / "tiny_qwen3_moe",
         chat_dataset_dir=root / "chat_dataset",
+        preference_dataset_dir=root / "preference_dataset",
     )
 
 
@@ -224,6 +235,7 @@ def build_assets(root: Path | None = None, force: bool = False) -> AssetPaths:
         paths.tiny_qwen3_dir: partial(write_tiny_model, tokenizer_dir=tokenizer_dir, moe=False),
         paths.tiny_qwen3_moe_dir: partial(write_tiny_model, tokenizer_dir=tokenizer_dir, moe=True),
         paths.chat_dataset_dir: write_chat_dataset,
+        paths.preference_dataset_dir: write_preference_dataset,
     }
     for final_dir, write in writers.items():
         if force or not final_dir.is_dir():
@@ -367,6 +379,22 @@ def write_chat_dataset(out_dir: Path) -> None:
             for i, conversation in enumerate(conversations):
                 if keep(i):
                     file.write(json.dumps(conversation, ensure_ascii=False) + "\n")
+
+
+def write_preference_dataset(out_dir: Path) -> None:
+    """Pairs in TRL's conversational form: the first question of each conversation, its own answer
+    (chosen) and the answer to another conversation's question (rejected); every
+    VALIDATION_EVERY-th held out."""
+    conversations = stdlib_conversations()
+    firsts = [[m for m in c["messages"] if m["role"] != "system"][:2] for c in conversations]
+    for split, keep in (("train", lambda i: (i + 1) % VALIDATION_EVERY != 0),
+                        ("validation", lambda i: (i + 1) % VALIDATION_EVERY == 0)):  # fmt: skip
+        with open(out_dir / f"{split}.jsonl", "w", encoding="utf-8") as file:
+            for i, (question, answer) in enumerate(firsts):
+                other = firsts[(i + len(firsts) // 2) % len(firsts)][1]
+                if keep(i) and other["content"] != answer["content"]:
+                    pair = {"prompt": [question], "chosen": [answer], "rejected": [other]}
+                    file.write(json.dumps(pair, ensure_ascii=False) + "\n")
 
 
 def write_tiny_model(out_dir: Path, tokenizer_dir: Path, moe: bool) -> None:

@@ -152,7 +152,7 @@ class HFSettings:
     the run dir); null: <run dir>/hf_export."""
 
 
-PACKED_KINDS = ("text", "chat", "mix")  # the data kinds read into qwen3_neuron.data's PackedDataLoader
+PACKED_KINDS = ("text", "chat", "mix", "preference")  # the data kinds read into qwen3_neuron.data's PackedDataLoader
 
 
 @dataclass(kw_only=True)
@@ -160,10 +160,10 @@ class DataSettings(SourceFields):
     """The `data` section: the per-source keys (`SourceFields`, each also the default of data=mix's
     sources) and the ones of the whole section below."""
 
-    kind: Literal["tiny", "c4", "text", "chat", "mix"] = "tiny"
+    kind: Literal["tiny", "c4", "text", "chat", "mix", "preference"] = "tiny"
     """tiny / c4: torchtitan's registered data sets, as the `dataloader` section names them.
-    text / chat / mix: rows from `files` or `hf_dataset` (mix: `sources`) through
-    qwen3_neuron.data's PackedDataLoader."""
+    text / chat / mix / preference: rows from `files` or `hf_dataset` (mix: `sources`) through
+    qwen3_neuron.data's PackedDataLoader; preference trains with DPO (the `preference` section)."""
 
     streaming: bool = False
     """Stream rows instead of reading them map-style (corpora larger than memory)."""
@@ -204,6 +204,27 @@ class FinetuneSettings:
 
 
 @dataclass(kw_only=True)
+class PreferenceSettings:
+    """data=preference: the DPO objective (Rafailov et al. 2023), with TRL's names and formulas."""
+
+    beta: float = 0.1
+    """How far the policy may move from the reference: rewards are beta x the log-ratio of a
+    response's probability under the policy and under the reference (IPO: its tau)."""
+
+    loss: Literal["sigmoid", "ipo", "robust"] = "sigmoid"
+    """sigmoid: DPO's -log sigmoid(beta x margin); ipo: (margin per token - 1/(2 beta))^2
+    (Azar et al. 2023, TRL's length-normalised form); robust: sigmoid corrected for labels
+    flipped with probability `label_smoothing` (Chowdhury et al. 2024)."""
+
+    label_smoothing: float = 0.0
+    """loss=robust: the probability that a pair's preference is flipped, 0 <= p < 0.5."""
+
+    precompute_reference: bool = False
+    """finetune=full: the reference's log-probabilities of every pair computed in one pass before
+    training, instead of a frozen copy of the weights in memory. Not built yet: refused."""
+
+
+@dataclass(kw_only=True)
 class Settings:
     model: ModelSettings
     kernels: KernelSettings
@@ -213,6 +234,7 @@ class Settings:
     data: DataSettings
     finetune: FinetuneSettings
     eval: EvalSettings
+    preference: PreferenceSettings
 
 
 # torchtitan's fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
@@ -231,6 +253,7 @@ SECTIONS: dict[str, type] = {
     "data": DataSettings,
     "finetune": FinetuneSettings,
     "eval": EvalSettings,
+    "preference": PreferenceSettings,
 }
 
 
@@ -264,13 +287,14 @@ def check_settings(settings: Settings, device: str) -> None:
     if settings.finetune.method == "lora":
         _check_lora_numbers(settings.finetune)
     _check_data_files(settings.data)
+    _check_preference(settings)
     check_objective(settings.run.objective, settings.eval)
 
 
 def _check_data_files(data: DataSettings) -> None:
     """Local data files that are not there, named before anything imports torchtitan or datasets
     (the plan reads their first rows later)."""
-    if data.kind not in ("text", "chat", "mix"):
+    if data.kind not in PACKED_KINDS:
         return
     named = {"data.files": data.files, "data.val_files": data.val_files}
     if data.kind == "mix":
@@ -300,3 +324,27 @@ def _check_lora_numbers(finetune: FinetuneSettings) -> None:
             f"finetune.dropout must be in [0, 1) (the probability of dropping an adapter input), "
             f"got {finetune.dropout}."
         )
+
+
+def _check_preference(settings: Settings) -> None:
+    """The DPO numbers, and the preference section only where it is used."""
+    preference = settings.preference
+    if settings.data.kind != "preference":
+        default = PreferenceSettings()
+        changed = [name for name in vars(default) if getattr(preference, name) != getattr(default, name)]
+        if changed:
+            raise ConfigError(f"preference.{changed[0]} applies to data=preference (this is data={settings.data.kind}).")
+        return
+    if not preference.beta > 0:
+        raise ConfigError(f"preference.beta must be > 0 (TRL's default 0.1), got {preference.beta}.")
+    if preference.loss == "robust":
+        if not 0.0 <= preference.label_smoothing < 0.5:
+            raise ConfigError(f"preference.label_smoothing={preference.label_smoothing}: the probability that a "
+                              "preference is flipped, 0 <= p < 0.5.")  # fmt: skip
+    elif preference.label_smoothing:
+        raise ConfigError(f"preference.label_smoothing applies to preference.loss=robust (as in TRL); "
+                          f"preference.loss={preference.loss} does not read it.")  # fmt: skip
+    if preference.precompute_reference:
+        raise ConfigError("preference.precompute_reference=true is not built yet: the reference is the model "
+                          "with its adapters off (finetune=lora) or a frozen copy of the starting weights "
+                          "(finetune=full).")  # fmt: skip

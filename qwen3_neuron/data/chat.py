@@ -59,10 +59,11 @@ class Conversation:
         return {"tools": self.tools} if self.tools else {}
 
 
-def row_conversation(row: Mapping[str, Any], source) -> Conversation:
+def row_conversation(row: Mapping[str, Any], source, check: bool = True) -> Conversation:
     """The conversation in `row`, read as `source` (a DataSource) says: its `messages_field`
     list, or instruction columns when `prompt_field` / `response_field` are set. Checked: roles
-    known, tool calls named with JSON arguments, tool results after a call, an assistant turn."""
+    known, tool calls named with JSON arguments, tool results after a call, an assistant turn
+    (`check=False`: the messages only, for a part of a conversation: data=preference's prompt)."""
     if source.prompt_field or source.response_field:
         messages = _instruction_messages(row, source)
     else:
@@ -76,8 +77,9 @@ def row_conversation(row: Mapping[str, Any], source) -> Conversation:
         messages = [_message(m, source.messages_field, i, role_map) for i, m in enumerate(listed)]
     if source.reasoning == "drop":
         messages = [_without_reasoning(m) for m in messages]
-    check_messages(messages)
-    return Conversation(messages, _tools(row, source.tools_field))
+    if check:
+        check_messages(messages)
+    return Conversation(messages, row_tools(row, source.tools_field))
 
 
 def _instruction_messages(row: Mapping[str, Any], source) -> list[dict[str, Any]]:
@@ -178,7 +180,7 @@ def _without_reasoning(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _tools(row: Mapping[str, Any], tools_field: str | None) -> list[Any] | None:
+def row_tools(row: Mapping[str, Any], tools_field: str | None) -> list[Any] | None:
     """The row's tool schemas: a list, or a JSON string of one (as many data sets store them)."""
     tools = row.get(tools_field) if tools_field else None
     if isinstance(tools, str):
@@ -224,11 +226,12 @@ class ChatRenderer:
     def render(self, conversation: Conversation) -> str:
         return self._tokenizer.apply_chat_template(conversation.messages, **conversation.template_kwargs())
 
-    def tokens(self, conversation: Conversation) -> tuple[list[int], list[bool]]:
-        """Token ids of the rendered conversation and, per token, whether it is a training target."""
+    def tokens(self, conversation: Conversation, trained_from: int = 0) -> tuple[list[int], list[bool]]:
+        """Token ids of the rendered conversation and, per token, whether it is a training target
+        (the assistant turns from message `trained_from` on: data=preference trains the response only)."""
         self._check_tools_render(conversation)
         text = self.render(conversation)
-        spans = [] if self._train_on_prompt else self.assistant_spans(conversation, text)
+        spans = [] if self._train_on_prompt else self.assistant_spans(conversation, text, trained_from)
         encoding = self._tokenizer.tokenizer.encode(text)
         ids, offsets = list(encoding.ids), list(encoding.offsets)
         if self._train_on_prompt:
@@ -241,11 +244,12 @@ class ChatRenderer:
             ids, trained = [bos, *ids], [False, *trained]  # as torchtitan's encode(add_bos=True)
         return ids, trained
 
-    def assistant_spans(self, conversation: Conversation, text: str) -> list[tuple[int, int]]:
-        """(start, end) character spans of the assistant turns in `text`, end-of-turn marker included."""
+    def assistant_spans(self, conversation: Conversation, text: str, trained_from: int = 0) -> list[tuple[int, int]]:
+        """(start, end) character spans of the assistant turns in `text` (from message
+        `trained_from` on), end-of-turn marker included."""
         messages, spans = conversation.messages, []
         for index, message in enumerate(messages):
-            if message["role"] != "assistant":
+            if message["role"] != "assistant" or index < trained_from:
                 continue
             header = self._tokenizer.apply_chat_template(
                 messages[:index], add_generation_prompt=True, **conversation.template_kwargs()

@@ -14,6 +14,7 @@ from torchtitan.trainer import Trainer
 
 from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.loader import PackedDataLoader
+from qwen3_neuron.data.preference import pair_tokens, row_pair
 from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.data.sources import first_rows, is_validation_row
 from qwen3_neuron.errors import ConfigError
@@ -46,7 +47,7 @@ def check_data(config: Trainer.Config, world_size: int) -> None:
     _check_vocab(tokenizer, config)
     keys = ["data"] if len(loader.sources) == 1 else [f"data.sources[{i}]" for i in range(len(loader.sources))]
     for key, source in zip(keys, loader.sources):
-        rows = _check_source(source, key, f"{key}.files", tokenizer)
+        rows = _check_source(source, key, f"{key}.files", tokenizer, config.training.seq_len)
         if source.val_fraction:
             _check_carve(rows, source, key, world_size)
     validator = config.validator
@@ -58,7 +59,7 @@ def check_data(config: Trainer.Config, world_size: int) -> None:
             )
         if validator.dataloader.sources is not loader.sources and not any(s.val_fraction for s in loader.sources):
             for source in validator.dataloader.sources:
-                rows = _check_source(source, "data", "data.val_files", tokenizer)
+                rows = _check_source(source, "data", "data.val_files", tokenizer, config.training.seq_len)
                 if len(rows) < PEEK_ROWS and len(rows) < world_size:
                     raise ConfigError(f"data.val_files: {len(rows)} rows for {world_size} ranks; "
                                       "each rank needs at least one")  # fmt: skip
@@ -80,7 +81,7 @@ def _check_vocab(tokenizer, config: Trainer.Config) -> None:
         )
 
 
-def _check_source(source: DataSource, key: str, files_key: str, tokenizer) -> list[dict]:
+def _check_source(source: DataSource, key: str, files_key: str, tokenizer, seq_len: int) -> list[dict]:
     where = source.hf_dataset or files_key
     rows = first_rows(source, PEEK_ROWS, files_key)
     if not rows:
@@ -91,10 +92,17 @@ def _check_source(source: DataSource, key: str, files_key: str, tokenizer) -> li
             raise ConfigError(f"{key}.text_field={source.text_field} is not a column of {source.name()}; "
                               f"its columns: {columns}")  # fmt: skip
         return rows
-    for field_key, name in (("prompt_field", source.prompt_field), ("response_field", source.response_field)):
+    instruction = () if source.format == "preference" else ("prompt_field", "response_field")  # preference: prompt optional
+    for field_key in instruction:
+        name = getattr(source, field_key)
         if name and name not in rows[0]:
             raise ConfigError(f"{key}.{field_key}={name} is not a column of {source.name()}; its columns: {columns}")
-    if not (source.prompt_field or source.response_field) and source.messages_field not in rows[0]:
+    if source.format == "preference":
+        for field_key in ("chosen_field", "rejected_field"):
+            name = getattr(source, field_key)
+            if name not in rows[0]:
+                raise ConfigError(f"{key}.{field_key}={name} is not a column of {source.name()}; its columns: {columns}")
+    elif not (source.prompt_field or source.response_field) and source.messages_field not in rows[0]:
         hint = (f"ShareGPT rows: set {key}.messages_field=conversations" if "conversations" in rows[0]
                 else f"instruction rows: set {key}.prompt_field and {key}.response_field")  # fmt: skip
         raise ConfigError(
@@ -104,13 +112,29 @@ def _check_source(source: DataSource, key: str, files_key: str, tokenizer) -> li
     try:
         renderer = ChatRenderer(tokenizer, source.train_on_prompt)
     except ChatFormatError as e:
-        raise ConfigError(f"data.kind=chat: {e}; use a model dir or hf_assets_path whose tokenizer has one") from e
+        raise ConfigError(f"data.kind={source.format}: {e}; use a model dir or hf_assets_path whose tokenizer has one") from e
     for index, row in enumerate(rows):
         try:
-            renderer.tokens(row_conversation(row, source))
+            if source.format == "preference":
+                _check_pair(renderer, row_pair(row, source), seq_len, key)
+            else:
+                renderer.tokens(row_conversation(row, source))
         except ChatFormatError as e:
             raise ConfigError(f"{where}: row {index} of {source.name()}: {e}") from e
     return rows
+
+
+def _check_pair(renderer: ChatRenderer, pair, seq_len: int, key: str) -> None:
+    """Both sequences of a pair share one sample, each starting with the prompt: a prompt that
+    takes half of seq_len leaves a response no token."""
+    (chosen, trained), _ = pair_tokens(renderer, pair)
+    prompt = trained.index(True) if True in trained else len(chosen)
+    if 2 * prompt >= seq_len:
+        raise ChatFormatError(
+            f"its prompt is {prompt} tokens, and a pair (the chosen and the rejected response, each after "
+            f"the prompt) shares one training.seq_len={seq_len} sample: raise training.seq_len above "
+            f"{2 * prompt} or leave such rows out ({key}.overlong=drop does not help a prompt that long)"
+        )
 
 
 def _check_carve(rows: list[dict], source: DataSource, key: str, world_size: int) -> None:

@@ -26,8 +26,10 @@ from torchtitan.tools.logging import logger
 
 from qwen3_neuron.data import sources
 from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_conversation
-from qwen3_neuron.data.packing import Packer, Sample, document, fit
+from qwen3_neuron.data.packing import Packer, Sample, document, fit, fit_pair, sequence_ids
+from qwen3_neuron.data.preference import pair_tokens, row_pair
 from qwen3_neuron.data.source import DataSource
+from qwen3_neuron.finetune.dpo import SEQUENCE_IDS
 
 STAT_NAMES = (
     "rows", "documents", "truncated", "dropped", "split", "skipped", "tokens", "label_tokens", "padding_tokens",
@@ -54,7 +56,8 @@ class PackedDataset(IterableDataset, Stateful):
         self._data = self._original_data
         self.source, self.seq_len, self.infinite, self.rank = source, seq_len, infinite, dp_rank
         self._tokenizer = tokenizer
-        self._chat = ChatRenderer(tokenizer, source.train_on_prompt) if source.format == "chat" else None
+        self._chat = ChatRenderer(tokenizer, source.train_on_prompt) if source.format != "text" else None
+        self._pairs = source.format == "preference"  # a pair's two documents go into one sample
         pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         flow = source.format == "text" and source.overlong == "split"
         self._packer = Packer(seq_len, pad_id, "flow" if flow else source.packing, source.pack_buffer)
@@ -74,6 +77,26 @@ class PackedDataset(IterableDataset, Stateful):
             raise ChatFormatError(f"data.text_field={self.source.text_field}: expected a string, got {text!r:.40}")
         tokens = self._tokenizer.encode(text, add_bos=True, add_eos=True)
         return tokens, [True] * len(tokens)
+
+    def _pair(self, row: dict[str, Any]) -> list[tuple[list[int], list[int]]] | None:
+        """data=preference: the chosen and the rejected document of one row, fitted together."""
+        try:
+            documents = [document(*tokens) for tokens in pair_tokens(self._chat, row_pair(row, self.source))]
+        except ChatFormatError as e:
+            self._count("skipped", f"row {self._sample_idx} cannot be read ({e}): skipped")
+            return None
+        length = sum(len(inputs) for inputs, _ in documents)
+        if length > self.seq_len:
+            overlong = self.source.overlong
+            fitted = fit_pair(documents, self.seq_len) if overlong == "truncate" else None
+            action = "truncated" if fitted else "dropped"
+            self._count(action, f"row {self._sample_idx}: the pair is {length} tokens > training.seq_len "
+                                f"{self.seq_len}: {action} (data.overlong={overlong})")  # fmt: skip
+            if fitted is None:
+                return None
+            documents = fitted
+        self.stats["documents"] += 2
+        return documents
 
     def _document(self, row: dict[str, Any]) -> tuple[list[int], list[int]] | None:
         try:
@@ -124,9 +147,12 @@ class PackedDataset(IterableDataset, Stateful):
                 self._sample_idx += 1
                 self.stats["rows"] += 1
                 rows_this_epoch += 1
-                doc = self._document(row)
-                if doc is not None:
-                    self._ready += self._packer.add(*doc)
+                if self._pairs:
+                    pair = self._pair(row)
+                    self._ready += self._packer.add_together(pair) if pair else []
+                else:
+                    doc = self._document(row)
+                    self._ready += self._packer.add(*doc) if doc is not None else []
                 yield from self._hand_out()
             if whole_pass and rows_this_epoch and self.stats["documents"] == documents_before and self.infinite:
                 raise RuntimeError(
@@ -151,10 +177,11 @@ class PackedDataset(IterableDataset, Stateful):
             self.stats["tokens"] += len(inputs)
             self.stats["label_tokens"] += sum(label != IGNORE_INDEX for label in labels)
             self.stats["padding_tokens"] += padding
-            yield (
-                {"input": torch.tensor(inputs, dtype=torch.long), "positions": torch.tensor(positions, dtype=torch.long)},
-                torch.tensor(labels, dtype=torch.long),
-            )
+            input_dict = {"input": torch.tensor(inputs, dtype=torch.long),
+                          "positions": torch.tensor(positions, dtype=torch.long)}  # fmt: skip
+            if self._pairs:
+                input_dict[SEQUENCE_IDS] = torch.tensor(sequence_ids(labels, positions), dtype=torch.long)
+            yield input_dict, torch.tensor(labels, dtype=torch.long)
 
     def data_stats(self) -> dict[str, int]:
         """`stats`, and the documents read but not yet (or not wholly) in a sample handed out."""

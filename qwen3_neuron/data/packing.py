@@ -76,6 +76,14 @@ class Packer:
         """Add one document; return the samples it completed."""
         return self._place((inputs, labels, list(range(len(inputs)))))
 
+    def add_together(self, documents: list[tuple[list[int], list[int]]]) -> list[Sample]:
+        """Add documents that must land in one sample (a preference pair), each with its own
+        positions; return the samples completed."""
+        inputs = [token for doc_inputs, _ in documents for token in doc_inputs]
+        labels = [label for _, doc_labels in documents for label in doc_labels]
+        positions = [p for doc_inputs, _ in documents for p in range(len(doc_inputs))]
+        return self._place((inputs, labels, positions))
+
     def flush(self) -> list[Sample]:
         """Every sample still to make of what is buffered (end of the data), padded."""
         done = []
@@ -139,6 +147,31 @@ class Packer:
     def load_state_dict(self, state: dict) -> None:
         self.waiting = [tuple(piece) for piece in state["waiting"]]
         self.inputs, self.labels, self.positions = list(state["inputs"]), list(state["labels"]), list(state["positions"])
+
+
+def fit_pair(documents: list[tuple[list[int], list[int]]], seq_len: int) -> list[tuple[list[int], list[int]]] | None:
+    """Two documents cut to fit one `seq_len` sample together: the shorter keeps up to half of it,
+    the longer the rest; None when either is left without a token to learn from."""
+    (short, long_) = sorted(range(2), key=lambda i: len(documents[i][0]))
+    keep = {short: min(len(documents[short][0]), seq_len // 2)}
+    keep[long_] = seq_len - keep[short]
+    fitted = [(inputs[: keep[i]], labels[: keep[i]]) for i, (inputs, labels) in enumerate(documents)]
+    if any(all(label == IGNORE_INDEX for label in labels) for _, labels in fitted):
+        return None
+    return fitted
+
+
+def sequence_ids(labels: list[int], positions: list[int]) -> list[int]:
+    """Per label: which sequence of the sample it belongs to, -1 without a loss. A sample holds
+    whole pairs in order, chosen before rejected, then padding (no labels): the k-th document
+    with labels is sequence k (pair k // 2; chosen when k is even)."""
+    ids, sequence, counted = [], -1, False
+    for label, position in zip(labels, positions):
+        counted = counted and position != 0  # a new document starts uncounted
+        if label != IGNORE_INDEX and not counted:
+            sequence, counted = sequence + 1, True
+        ids.append(sequence if label != IGNORE_INDEX else -1)
+    return ids
 
 
 def _restart(positions: list[int]) -> list[int]:

@@ -5,12 +5,15 @@ trainer builds it, for data-parallel rank 0 of the planned degree), so what is s
 rank 0 trains on: any data kind, torchtitan's registered sets included. In the text, tokens
 without a loss are inside ⟦ ⟧, padding is ⟦pad ×N⟧, and a rule opens each document (positions
 restart there). The tokens with a loss are the model's targets: for chat, the assistant turns
-and their end-of-turn markers.
+and their end-of-turn markers; for preference pairs, each response (the rule names it chosen or
+rejected, and its pair).
 """
 
 from __future__ import annotations
 
 from torchtitan.components.loss import IGNORE_INDEX
+
+from qwen3_neuron.finetune.dpo import SEQUENCE_IDS
 
 NO_LOSS_OPEN, NO_LOSS_CLOSE = "⟦", "⟧"
 
@@ -26,11 +29,14 @@ def show_samples(config, count: int, dp_world_size: int) -> str:
     for index, (input_dict, labels) in zip(range(count), loader):
         inputs = input_dict["input"][0].tolist()
         positions = input_dict["positions"][0].tolist() if "positions" in input_dict else list(range(len(inputs)))
-        blocks.append(format_sample(index, inputs, labels[0].tolist(), positions, tokenizer))
+        sequences = input_dict[SEQUENCE_IDS][0].tolist() if SEQUENCE_IDS in input_dict else None
+        blocks.append(format_sample(index, inputs, labels[0].tolist(), positions, tokenizer, sequences))
     return "\n\n".join(blocks)
 
 
-def format_sample(index: int, inputs: list[int], labels: list[int], positions: list[int], tokenizer) -> str:
+def format_sample(index: int, inputs: list[int], labels: list[int], positions: list[int], tokenizer,
+                  sequences: list[int] | None = None) -> str:  # fmt: skip
+    """`sequences`: data=preference's sequence id per label (2k: pair k's chosen, 2k + 1: its rejected)."""
     starts = [i for i, p in enumerate(positions) if p == 0] or [0]
     bounds = list(zip(starts, [*starts[1:], len(inputs)]))
     with_loss = sum(label != IGNORE_INDEX for label in labels)
@@ -43,7 +49,9 @@ def format_sample(index: int, inputs: list[int], labels: list[int], positions: l
             lines.append(f"{NO_LOSS_OPEN}pad ×{padding}{NO_LOSS_CLOSE}")
             continue
         documents += 1
-        lines.append(f"──── document {documents} (tokens {start}-{end - 1}) ────")
+        ids = {s for s in (sequences or [])[start:end] if s >= 0}
+        role = f", pair {min(ids) // 2 + 1} {('chosen', 'rejected')[min(ids) % 2]}" if ids else ""
+        lines.append(f"──── document {documents}{role} (tokens {start}-{end - 1}) ────")
         lines.append(format_document(doc_inputs, doc_labels, tokenizer))
     header = (f"=== sample {index + 1} of rank 0: {documents} document(s), {with_loss} of {len(inputs)} "
               f"tokens with a loss, {padding} padding; {NO_LOSS_OPEN}no loss{NO_LOSS_CLOSE} ===")  # fmt: skip

@@ -50,7 +50,16 @@ class SourceFields:
     its content) where the template renders it, and train it; drop: train answers without it."""
 
     prompt_field: str | None = None
-    """data=chat with instruction rows: the prompt column (a user turn); with `response_field`."""
+    """data=chat with instruction rows: the prompt column (a user turn); with `response_field`.
+    data=preference: the prompt column (a string, or a message list); null or an empty value:
+    `chosen` and `rejected` are whole conversations sharing the prompt."""
+
+    chosen_field: str = "chosen"
+    """data=preference: the preferred response (a string, or a list of assistant messages, or
+    a whole conversation)."""
+
+    rejected_field: str = "rejected"
+    """data=preference: the dispreferred response, in the same form as the chosen one."""
 
     response_field: str | None = None
     """data=chat with instruction rows: the response column (the assistant turn)."""
@@ -68,7 +77,9 @@ class SourceFields:
     overlong: Literal["truncate", "drop", "split"] = "truncate"
     """A document longer than training.seq_len: truncate (keep its first seq_len tokens), drop
     it, or split it into seq_len windows (text only: a conversation cut in two loses its
-    context). Every case is counted in the log and summary.json (data_stats)."""
+    context). data=preference: a pair (both its sequences) longer than seq_len; truncate cuts
+    the longer sequence first, each keeping at least half of seq_len. Every case is counted in
+    the log and summary.json (data_stats)."""
 
     packing: Literal["best_fit", "greedy", "none"] = "best_fit"
     """How whole documents (chat; text with overlong truncate|drop) fill training.seq_len samples:
@@ -90,8 +101,9 @@ class SourceFields:
 class DataSource(SourceFields):
     """One source of rows (data=text|chat: the `data` section; data=mix: one of `data.sources`)."""
 
-    format: Literal["text", "chat"] = "text"
-    """How a row becomes a document: a text column, or a conversation."""
+    format: Literal["text", "chat", "preference"] = "text"
+    """How a row becomes a document: a text column, a conversation, or a pair of them (a chosen
+    and a rejected response to one prompt: two documents placed in one sample)."""
 
     weight: float = 1.0
     """data=mix: this source's share of the samples, against the other sources' weights."""

@@ -115,6 +115,8 @@ class Progress:
         parts = [f"step {last['step']}/{self._total}", f"loss {last.get('loss', float('nan')):.4f}"]
         if self._val_loss is not None:
             parts.append(f"val {self._val_loss:.4f}")
+        if last.get("reward_accuracy") is not None:  # data=preference
+            parts.append(f"acc {last['reward_accuracy']:.2f}  margin {last['reward_margin']:.3f}")
         if last.get("tokens_per_second") is not None:
             parts.append(f"tok/s {last['tokens_per_second']:,.0f}")
         if last.get("mfu") is not None:

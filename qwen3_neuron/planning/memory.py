@@ -74,6 +74,7 @@ class MemoryEstimate:
     device: str
     ranks_per_node: int
     notes: list[str] = field(default_factory=list)
+    reference_gib: float = 0.0  # data=preference with finetune=full: the frozen copy of the starting weights
 
     @property
     def fits(self) -> bool:
@@ -86,6 +87,7 @@ class MemoryEstimate:
             "optimizer states": self.optimizer_gib,
             "activations": self.activations_gib,
             "recompute": self.recompute_gib,
+            "DPO reference": self.reference_gib,
         }
 
     def line(self) -> str:
@@ -97,8 +99,11 @@ class MemoryEstimate:
         return asdict(self)
 
 
-def estimate_memory(config, world_size: int, device: str, ranks_per_node: int, model_on_meta) -> MemoryEstimate:
-    """Tensor memory per rank of `config`'s training; `model_on_meta`: `meta_model(config)`."""
+def estimate_memory(
+    config, world_size: int, device: str, ranks_per_node: int, model_on_meta, frozen_reference: bool = False
+) -> MemoryEstimate:
+    """Tensor memory per rank of `config`'s training; `model_on_meta`: `meta_model(config)`;
+    `frozen_reference`: DPO keeps a copy of the starting weights (each rank its shards)."""
     from torchtitan.distributed.parallel_dims import ParallelDims
 
     # torchtitan's own degrees (data_parallel_shard_degree=-1 resolved); the plan checked them
@@ -110,7 +115,8 @@ def estimate_memory(config, world_size: int, device: str, ranks_per_node: int, m
     gradients = counts.trainable_elements * param_bytes  # a frozen (finetune=lora) base has none
     optimizer, notes = _optimizer_bytes(config, counts)
     activations, recompute = _activation_bytes(config, shape, degrees, device)
-    parts = [parameters, gradients, optimizer, activations, recompute]
+    reference = parameters if frozen_reference else 0  # finetune=lora's reference: the adapters off, no copy
+    parts = [parameters, gradients, optimizer, activations, recompute, reference]
     return MemoryEstimate(
         per_rank_gib=sum(parts) / GIB,
         device_gib=device_memory_gib(device, ranks_per_node),
@@ -122,6 +128,7 @@ def estimate_memory(config, world_size: int, device: str, ranks_per_node: int, m
         device=device,
         ranks_per_node=ranks_per_node,
         notes=notes,
+        reference_gib=reference / GIB,
     )
 
 

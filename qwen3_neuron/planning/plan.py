@@ -122,6 +122,8 @@ def make_plan(
     world_size = nproc * settings.run.nnodes
     _check_positive(config)
     _check_worker_modes(config, world_size)
+    if settings.data.kind == "preference":
+        _check_preference(config, settings, world_size)
     replacements, unapplied = _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes)
     static_shapes = None
     if device == "neuron" and config.compile.enable:  # before torchrun: nothing recompiles or fails there
@@ -138,7 +140,8 @@ def make_plan(
     if settings.finetune.method == "lora":
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
     parameters = parameter_counts(model_on_meta)
-    memory = estimate_memory(config, world_size, device, nproc, model_on_meta)
+    frozen_reference = settings.data.kind == "preference" and settings.finetune.method == "full"
+    memory = estimate_memory(config, world_size, device, nproc, model_on_meta, frozen_reference)
     refusal = None
     try:
         check_fit(memory, config, settings.run.memory_check, warn=warn)
@@ -231,6 +234,25 @@ def _check_lora_base(config: Trainer.Config, kind: str) -> None:
         "checkpoint of a full model cannot be the base (it holds no adapter keys): export it with "
         "checkpointing=export_hf and load that dir."
     )
+
+
+def _check_preference(config: Trainer.Config, settings: Settings, world_size: int) -> None:
+    """data=preference: DPO tunes a model that already answers, against that model as it started."""
+    checkpoint = config.checkpoint
+    if not (checkpoint.enable and (checkpoint.initial_load_in_hf or checkpoint.initial_load_path)):
+        raise ConfigError(
+            "data=preference tunes a model against itself as it starts (the DPO reference), but nothing "
+            "loads weights: it would start from a random init. Add checkpointing=from_hf (e.g. "
+            "checkpointing=[from_hf,export_hf]) or checkpoint.initial_load_path=<dir>."
+        )
+    degrees = layout.resolve_degrees(config.parallelism, world_size)
+    split = {"pipeline": degrees.pp, "tensor": degrees.tp, "context": degrees.cp}
+    for name, degree in split.items():
+        if degree > 1:
+            raise ConfigError(
+                f"data=preference with {name} parallelism (degree {degree}) is not supported: a pair's "
+                "log-probabilities are summed over whole sequences on one rank. Use parallelism=fsdp."
+            )
 
 
 def _check_worker_modes(config: Trainer.Config, world_size: int) -> None:

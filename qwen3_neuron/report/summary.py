@@ -52,8 +52,10 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "final_loss": records[-1]["loss"] if records else None,
         # torchtitan's Validator (data.val_files / data.val_fraction): the last validation
         "val_loss": validations[-1]["val_loss"] if validations else None,
-        "val_perplexity": validations[-1]["val_perplexity"] if validations else None,
+        "val_perplexity": validations[-1].get("val_perplexity") if validations else None,
         "val_step": validations[-1]["step"] if validations else None,
+        # data=preference: the DPO rewards of the last step's pairs, and of the last validation's
+        **_preference(records[-1] if records else {}, validations[-1] if validations else {}),
         # data=text|chat|mix: what the ranks read and packed, and every overlong document's fate
         "data_stats": data_stats,
         # of the tokens trained on, the share that is not padding (data_stats'; the sweep table's column)
@@ -112,6 +114,16 @@ def what_ran(run_dir: Path) -> dict[str, Any]:
         "attention": dict(Counter(attention.values())),
         "compiled": merged,
     }
+
+
+PREFERENCE_FIELDS = ("reward_accuracy", "reward_margin", "rewards_chosen", "rewards_rejected")
+
+
+def _preference(last: dict[str, Any], validation: dict[str, Any]) -> dict[str, Any]:
+    if "reward_accuracy" not in last:
+        return {}
+    return {**{name: last.get(name) for name in PREFERENCE_FIELDS},
+            **{f"val_{name}": validation.get(f"val_{name}") for name in PREFERENCE_FIELDS}}  # fmt: skip
 
 
 def _mfu(flops_per_token: float | None, tokens_per_second: float | None, peak: dict | None) -> float | None:

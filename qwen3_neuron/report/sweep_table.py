@@ -5,7 +5,8 @@
 writes, into the sweep dir:
 - `summary.csv`: one row per job: the job number, the overrides whose values differ between
   jobs, then `status, steps, first_loss, final_loss, val_loss, tokens_per_second,
-  packing_efficiency, mfu, peak_memory_gib, wall_seconds`, an `eval.<task>.<metric>` column per
+  packing_efficiency, mfu, peak_memory_gib, wall_seconds`, data=preference jobs' reward_accuracy,
+  reward_margin and val_reward_accuracy, an `eval.<task>.<metric>` column per
   lm-eval score (eval=lm_eval), `error`, exactly as in the job's summary.json, and the job's run dir;
 - `summary.md`: the same table for people (rounded, MFU in %), plus Optuna's best trial when the
   sweep was an Optuna study;
@@ -44,6 +45,7 @@ COLUMNS = (
     "status", "steps", "first_loss", "final_loss", "val_loss", "tokens_per_second",
     "packing_efficiency", "mfu", "peak_memory_gib", "wall_seconds", "error",
 )  # fmt: skip
+PREFERENCE_COLUMNS = ("reward_accuracy", "reward_margin", "val_reward_accuracy")  # data=preference jobs
 
 
 @dataclass
@@ -94,7 +96,8 @@ def collect_jobs(sweep_dir: Path) -> list[Job]:
 
 def table_columns(jobs: list[Job]) -> tuple[str, ...]:
     scores = sorted({name for job in jobs for name in flat_scores(job.summary)})
-    return (*COLUMNS[:-1], *scores, COLUMNS[-1])  # the error stays last
+    preference = [c for c in PREFERENCE_COLUMNS if any(job.summary.get(c) is not None for job in jobs)]
+    return (*COLUMNS[:-1], *preference, *scores, COLUMNS[-1])  # the error stays last
 
 
 def _job_order(run_dir: Path) -> tuple:
@@ -183,7 +186,7 @@ def render_markdown(report: SweepTable) -> str:
 
 
 _NUMERIC = {"steps", "first_loss", "final_loss", "val_loss", "tokens_per_second", "packing_efficiency", "mfu",
-            "peak_memory_gib", "wall_seconds"}  # fmt: skip
+            "peak_memory_gib", "wall_seconds", *PREFERENCE_COLUMNS}  # fmt: skip
 
 
 def _format(column: str, value: Any) -> str:
@@ -200,7 +203,7 @@ def _format(column: str, value: Any) -> str:
         return f"{100 * value:.3g}%"
     if column == "tokens_per_second":
         return f"{value:,.0f}"
-    if column in ("first_loss", "final_loss", "val_loss", "packing_efficiency"):
+    if column in ("first_loss", "final_loss", "val_loss", "packing_efficiency", *PREFERENCE_COLUMNS):
         return f"{value:.4f}"
     if column == "peak_memory_gib" or column.startswith(EVAL_PREFIX):
         return f"{value:.3f}"

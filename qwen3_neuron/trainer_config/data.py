@@ -76,9 +76,12 @@ def _checked_source(source: DataSource, key: str) -> DataSource:
     if bool(source.files) == bool(source.hf_dataset):
         raise ConfigError(f"{key}: set exactly one of files or hf_dataset (got {'both' if source.files else 'neither'}; "
                           f"e.g. {key}.files=/path/to/train.jsonl)")  # fmt: skip
-    if source.format == "chat" and source.overlong == "split":
+    if source.format != "text" and source.overlong == "split":
         raise ConfigError(f"{key}.overlong=split is for text; a conversation cut in two loses its context. "
                           "Use truncate or drop")  # fmt: skip
+    if source.format == "preference" and key != "data":
+        raise ConfigError(f"{key}.format=preference: preference pairs train with their own objective; "
+                          "use data=preference, not a source of data=mix")  # fmt: skip
     return source
 
 

@@ -42,13 +42,26 @@ _FIELDS = {
 _VALIDATION_LOSS = "validation_metrics/loss"
 
 
+_PREFERENCE = "preference/"  # data=preference: the DPO metrics (finetune.dpo_step), val_ prefixed when held out
+_VALIDATION_PREFERENCE = "validation_metrics/preference/"
+
+
 def validation_record(metrics: dict[str, Any], step: int) -> dict[str, Any]:
     """torchtitan's Validator result as its own record of the step (`read_metrics` merges the
     records of one step): the mean loss per label token over the validation batches, and its
-    perplexity."""
+    perplexity (data=preference: the mean DPO loss over the held-out pairs, and their rewards)."""
     loss = float(metrics[_VALIDATION_LOSS])
+    preference = {f"val_{key[len(_VALIDATION_PREFERENCE):]}": float(value) for key, value in metrics.items()
+                  if key.startswith(_VALIDATION_PREFERENCE) and not key.endswith("/loss")}  # fmt: skip
+    if preference:
+        return {"step": step, "val_loss": loss, **preference}
     perplexity = math.exp(loss) if loss < 700 else math.inf  # exp overflows a float past ~709
     return {"step": step, "val_loss": loss, "val_perplexity": perplexity}
+
+
+def _preference_line(metrics: dict[str, Any]) -> str:
+    return "  ".join(f"{key[len(_PREFERENCE):]} {value:.4f}" for key, value in metrics.items()
+                     if key.startswith(_PREFERENCE) and not key.endswith("/loss"))  # fmt: skip
 
 
 class JsonlLogger(BaseLogger):
@@ -68,6 +81,8 @@ class JsonlLogger(BaseLogger):
             return
         record: dict[str, Any] = {"step": step}
         record.update({name: float(metrics[key]) for key, name in _FIELDS.items() if key in metrics})
+        record.update({key[len(_PREFERENCE):]: float(value) for key, value in metrics.items()
+                       if key.startswith(_PREFERENCE) and not key.endswith("/loss")})  # fmt: skip
         if "tps_per_device" in record:
             record["tokens_per_second"] = record["tps_per_device"] * self._world_size
         if self.flops_per_token:
@@ -123,9 +138,14 @@ class RunDirMetricsProcessor(MetricsProcessor):
                 "'Peak FLOPS used for computing MFU' line below is its GPU table's and is not used"
             )
 
+    step_metrics = None  # data=preference: () -> the step's DPO metrics (finetune.dpo_step), on every rank
+
     def log(self, step: int, *args, **kwargs) -> None:
         if self._jsonl is not None:
             self._jsonl.flops_per_token = self.num_flops_per_token  # known once the model is built
+        if self.step_metrics is not None:
+            kwargs["extra_metrics"] = {**(kwargs.get("extra_metrics") or {}), **self.step_metrics()}
+            logger.info("[qwen3-neuron dpo] step %d: %s", step, _preference_line(kwargs["extra_metrics"]))
         super().log(step, *args, **kwargs)
 
 

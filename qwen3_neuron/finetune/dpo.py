@@ -1,0 +1,109 @@
+"""The DPO objective (Rafailov et al. 2023) on packed preference samples, in plain torch.
+
+A packed sample holds whole pairs: each pair's chosen and rejected responses are two documents
+of one sample (`data.preference`). The dataset marks every label token with its sequence id
+(`SEQUENCE_IDS`): 2k for pair k's chosen response, 2k + 1 for its rejected one, -1 for a token
+without a loss. A sequence's log-probability is the sum of its response tokens' log-probabilities.
+
+The losses are TRL's (`DPOConfig.loss_type`), with TRL's formulas:
+- sigmoid: -log sigmoid(beta * delta), delta = (policy - reference) of chosen minus of rejected;
+- ipo: (delta' - 1 / (2 beta))^2, with each log-ratio divided by its response's token count;
+- robust: sigmoid's loss corrected for preference labels flipped with probability
+  `label_smoothing` (Chowdhury et al. 2024).
+Rewards are beta * (policy - reference) log-ratios; the reward accuracy is the share of pairs
+whose chosen reward is above the rejected one, the margin their mean difference.
+
+Shapes stay static (one slot per possible pair of a sample: a pair has at least two tokens), so
+a compiled step sees the same graph every step; slots without a pair are masked out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torchtitan.components.loss import IGNORE_INDEX
+
+SEQUENCE_IDS = "sequence_ids"  # the input_dict key carrying each label's sequence id
+LOSS_TYPES = ("sigmoid", "ipo", "robust")
+
+
+def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log p(label) per position (float32), 0 where the label is IGNORE_INDEX. [B, S]"""
+    safe = labels.clamp(min=0)
+    logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    return logps.masked_fill(labels == IGNORE_INDEX, 0.0)
+
+
+def sequence_sums(per_token: torch.Tensor, sequence_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per pair slot: (sums [B*P, 2], token counts [B*P, 2]), column 0 chosen, 1 rejected.
+    ceil(S / 2) slots per sample; a slot without a pair has counts 0."""
+    batch, seq_len = sequence_ids.shape
+    slots = seq_len + seq_len % 2  # a pair has at least two tokens: at most S sequences, paired
+    valid = sequence_ids >= 0
+    index = (sequence_ids.clamp(min=0) + slots * torch.arange(batch, device=sequence_ids.device).unsqueeze(1))
+    index = index.masked_fill(~valid, 0).reshape(-1)
+    sums = torch.zeros(batch * slots, dtype=per_token.dtype, device=per_token.device)
+    sums = sums.index_add(0, index, (per_token * valid).reshape(-1))
+    counts = torch.zeros(batch * slots, dtype=per_token.dtype, device=per_token.device)
+    counts = counts.index_add(0, index, valid.reshape(-1).to(per_token.dtype))
+    return sums.reshape(-1, 2), counts.reshape(-1, 2)
+
+
+@dataclass
+class PairTerms:
+    """Per pair slot: the loss and the rewards; `present` marks the slots that hold a pair."""
+
+    losses: torch.Tensor
+    chosen_rewards: torch.Tensor
+    rejected_rewards: torch.Tensor
+    present: torch.Tensor
+
+
+def pair_terms(
+    policy: torch.Tensor,
+    reference: torch.Tensor,
+    counts: torch.Tensor,
+    *,
+    beta: float,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+) -> PairTerms:
+    """The loss of every pair slot from sequence log-probabilities [N, 2] (chosen, rejected)."""
+    logratios = policy - reference
+    chosen, rejected = logratios[:, 0], logratios[:, 1]
+    if loss_type == "sigmoid":
+        losses = -F.logsigmoid(beta * (chosen - rejected))
+    elif loss_type == "robust":
+        delta = beta * (chosen - rejected)
+        clean, flipped = -(1 - label_smoothing) * F.logsigmoid(delta), -label_smoothing * F.logsigmoid(-delta)
+        losses = (clean - flipped) / (1 - 2 * label_smoothing)  # unbiased under flipped labels
+    elif loss_type == "ipo":
+        lengths = counts.clamp(min=1.0)
+        losses = (chosen / lengths[:, 0] - rejected / lengths[:, 1] - 1 / (2 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown DPO loss {loss_type!r}; known: {', '.join(LOSS_TYPES)}")
+    present = (counts[:, 0] > 0) & (counts[:, 1] > 0)
+    rewards = beta * logratios.detach()
+    return PairTerms(losses * present, rewards[:, 0], rewards[:, 1], present)
+
+
+def pair_metrics(terms: PairTerms) -> torch.Tensor:
+    """Sums over the present pairs, to be added across microbatches and ranks before dividing by
+    the pair count: [pairs, loss, chosen reward, rejected reward, accuracy, margin]."""
+    present = terms.present.to(terms.chosen_rewards.dtype)
+    chosen, rejected = terms.chosen_rewards * present, terms.rejected_rewards * present
+    correct = (terms.chosen_rewards > terms.rejected_rewards).to(present.dtype) * present
+    return torch.stack([present.sum(), terms.losses.detach().sum(), chosen.sum(), rejected.sum(),
+                        correct.sum(), (chosen - rejected).sum()])  # fmt: skip
+
+
+METRIC_NAMES = ("pairs", "loss", "rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin")
+
+
+def mean_metrics(sums: torch.Tensor) -> dict[str, float]:
+    """`pair_metrics` sums -> means over the pairs (the pair count itself kept)."""
+    values = sums.tolist()
+    pairs = values[0]
+    return {"pairs": pairs, **{name: value / max(pairs, 1.0) for name, value in zip(METRIC_NAMES[1:], values[1:])}}

@@ -1,0 +1,222 @@
+"""data=preference: torchtitan's trainer takes DPO steps (the objective: `finetune.dpo`).
+
+The seam is the trainer's own `forward_backward_step` (and `train_step`, `validator.validate`),
+replaced on the built trainer as worker/tensor_memory.py's meter is: a loss component sees only
+the logits and labels, while DPO needs the reference's log-probabilities of the same batch (a
+second forward, of the same model with its adapters off) and the pair each token belongs to.
+Everything else - the data loader, optimizer, clipping, LR schedule, checkpoints, metrics - is
+torchtitan's own step.
+
+The loss is the mean over the pairs of the global batch: `train_step` counts the pairs of every
+microbatch of the step on every data-parallel rank first (one all-reduce), and each microbatch's
+backward is its pairs' loss sum over that count. torchtitan adds the microbatches' returned
+losses and sums them over the ranks for its log, so the logged loss is that mean too; FSDP sums
+the ranks' gradients (torchtitan's divide factor 1), the gradient of the same mean.
+
+The reference: finetune=lora, the same model with every adapter's output scaled by 0, under
+no_grad (no second copy of the weights). finetune=full: a frozen copy of the starting weights
+(`FrozenReference`: each rank copies its own shards once torchtitan has loaded them, at the first
+step), swapped into the model's parameters in place for the reference forward and back after
+it, so FSDP gathers them as it gathers the policy's; the copy is part of the checkpoints, so a
+resumed run keeps the reference it started with. At the first step the policy is the reference
+either way, and the sigmoid loss is ln 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import spmd_types as spmd
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
+from torchtitan.distributed import utils as dist_utils
+
+from qwen3_neuron.finetune.dpo import (
+    METRIC_NAMES,
+    SEQUENCE_IDS,
+    mean_metrics,
+    pair_metrics,
+    pair_terms,
+    sequence_sums,
+    token_logps,
+)
+
+METRIC_PREFIX = "preference/"  # the step's DPO metrics in torchtitan's metrics dict
+VALIDATION_PREFIX = "validation_metrics/"
+
+
+@contextmanager
+def adapters_off(model: torch.nn.Module):
+    """The model as it was before LoRA: every LoRALinear's adapter output scaled by 0."""
+    layers = [m for m in model.modules() if hasattr(m, "lora_a") and hasattr(m, "_lora_scaling")]
+    scalings = [m._lora_scaling for m in layers]
+    for layer in layers:
+        layer._lora_scaling = 0.0
+    try:
+        yield
+    finally:
+        for layer, scaling in zip(layers, scalings):
+            layer._lora_scaling = scaling
+
+
+CHECKPOINT_KEY = "dpo_reference"  # the frozen reference's entry in torchtitan's checkpoint states
+
+
+class FrozenReference(Stateful):
+    """finetune=full: the starting weights, kept beside the model's parameters (local shards)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.parameters = list(model.parameters())
+        with torch.no_grad():  # allocated now, so that a checkpoint load has tensors to load into
+            self.copies = [p.detach().clone() for p in self.parameters]
+        self.taken = torch.zeros((), dtype=torch.int64)
+
+    def take(self) -> None:
+        """Copy the weights as they are now (call after torchtitan's initial load)."""
+        with torch.no_grad():
+            for parameter, copy in zip(self.parameters, self.copies):
+                _local(copy).copy_(_local(parameter))
+        self.taken.fill_(1)
+
+    @contextmanager
+    def swapped_in(self):
+        self._swap()
+        try:
+            yield
+        finally:
+            self._swap()
+
+    def _swap(self) -> None:
+        with torch.no_grad():
+            for parameter, copy in zip(self.parameters, self.copies):
+                current, frozen = _local(parameter), _local(copy)
+                held = current.clone()  # one parameter at a time
+                current.copy_(frozen)
+                frozen.copy_(held)
+
+    def state_dict(self) -> dict:
+        return {"taken": self.taken, **{f"weight_{i}": copy for i, copy in enumerate(self.copies)}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.taken.copy_(state_dict["taken"])
+        for i, copy in enumerate(self.copies):
+            loaded = state_dict[f"weight_{i}"]
+            if loaded is not copy:
+                _local(copy).copy_(_local(loaded))
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class PreferenceStep:
+    """DPO in place of the trainer's language-model loss (install with `install`)."""
+
+    def __init__(self, trainer, preference, lora: bool):
+        self.trainer = trainer
+        self.frozen = None if lora else FrozenReference(trainer.model_parts[0])
+        self.beta, self.loss_type, self.label_smoothing = preference.beta, preference.loss, preference.label_smoothing
+        self._train_step = trainer.train_step
+        self._global_pairs = torch.ones((), device=trainer.device)
+        self._sums = torch.zeros(len(METRIC_NAMES), device=trainer.device)
+
+    def install(self) -> None:
+        self.trainer.train_step = self.train_step
+        self.trainer.forward_backward_step = self.forward_backward_step
+        if hasattr(getattr(self.trainer, "validator", None), "dl_config"):  # torchtitan's Validator, when enabled
+            self.trainer.validator.validate = self.validate
+        self.trainer.metrics_processor.step_metrics = self.step_metrics
+        if self.frozen is not None:
+            self.trainer.checkpointer.states[CHECKPOINT_KEY] = self.frozen
+
+    # ---- training --------------------------------------------------------------------------
+
+    def train_step(self, data_iterator: Iterator) -> None:
+        trainer = self.trainer
+        if self.frozen is not None and not int(self.frozen.taken):
+            self.frozen.take()  # the starting weights: torchtitan loaded them before the first step
+        microbatches = [next(data_iterator) for _ in range(trainer.gradient_accumulation_steps)]
+        local = sum(_pair_count(input_dict[SEQUENCE_IDS]) for input_dict, _ in microbatches)
+        self._global_pairs = self._dp_sum(torch.tensor(float(local), device=trainer.device))
+        self._sums = torch.zeros(len(METRIC_NAMES), device=trainer.device)
+        self._train_step(iter(microbatches))
+
+    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens) -> torch.Tensor:
+        trainer = self.trainer
+        sequence_ids = input_dict.pop(SEQUENCE_IDS)
+        inputs, labels, extra_kwargs = trainer.post_dataloading_process(input_dict, labels)
+        model = trainer.model_parts[0]
+        with trainer.train_context():
+            reference = self._reference(model, inputs, labels, extra_kwargs, sequence_ids)
+            policy, counts = sequence_sums(token_logps(model(inputs, **extra_kwargs), labels), sequence_ids)
+            terms = self._terms(policy, reference, counts)
+            loss = terms.losses.sum() / self._global_pairs.clamp(min=1.0)
+            with spmd.no_typecheck():  # as torchtitan's own backward
+                loss.backward()
+        self._sums += pair_metrics(terms)
+        return loss.detach()
+
+    def step_metrics(self) -> dict[str, float]:
+        """The step's DPO metrics over the global batch (every rank calls this: one all-reduce)."""
+        means = mean_metrics(self._dp_sum(self._sums))
+        return {f"{METRIC_PREFIX}{name}": value for name, value in means.items()}
+
+    # ---- validation ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def validate(self, model_parts, step: int) -> None:
+        """torchtitan's Validator's loop with the DPO metrics: `validator.steps` batches of the
+        held-out pairs, the loss their mean over pairs."""
+        validator, trainer = self.trainer.validator, self.trainer
+        model = model_parts[0]
+        model.eval()
+        loader = validator.dl_config.build(
+            dp_world_size=validator.dp_world_size, dp_rank=validator.dp_rank, tokenizer=validator.tokenizer,
+            seq_len=validator.seq_len, local_batch_size=validator.local_batch_size,
+        )  # fmt: skip
+        sums = torch.zeros(len(METRIC_NAMES), device=trainer.device)
+        for _, (input_dict, labels) in zip(range(validator.config.steps), loader):
+            input_dict = {k: v.to(trainer.device) for k, v in input_dict.items()}
+            sequence_ids = input_dict.pop(SEQUENCE_IDS)
+            inputs, labels, extra_kwargs = validator.post_dataloading_process(
+                input_dict, labels.to(trainer.device), model_parts
+            )  # the validator's own: the trainer's counts the tokens it trains on
+            with validator.validation_context():
+                reference = self._reference(model, inputs, labels, extra_kwargs, sequence_ids)
+                policy, counts = sequence_sums(token_logps(model(inputs, **extra_kwargs), labels), sequence_ids)
+            sums += pair_metrics(self._terms(policy, reference, counts))
+        means = mean_metrics(self._dp_sum(sums))
+        extra = {f"{VALIDATION_PREFIX}{METRIC_PREFIX}{name}": value for name, value in means.items()}
+        validator.metrics_processor.log_validation(loss=means["loss"], step=step, extra_metrics=extra)
+        model.train()
+
+    # ---- shared ----------------------------------------------------------------------------
+
+    def _reference(self, model, inputs, labels, extra_kwargs, sequence_ids) -> torch.Tensor:
+        reference = adapters_off(model) if self.frozen is None else self.frozen.swapped_in()
+        with torch.no_grad(), reference:
+            sums, _ = sequence_sums(token_logps(model(inputs, **extra_kwargs), labels), sequence_ids)
+        return sums
+
+    def _terms(self, policy, reference, counts):
+        return pair_terms(policy, reference, counts, beta=self.beta, loss_type=self.loss_type,
+                          label_smoothing=self.label_smoothing)  # fmt: skip
+
+    def _dp_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        parallel_dims = self.trainer.parallel_dims
+        if not parallel_dims.dp_enabled:
+            return tensor
+        return dist_utils.dist_sum_tensor(tensor, parallel_dims.get_mesh("batch"))
+
+
+def _pair_count(sequence_ids: torch.Tensor) -> int:
+    """Pairs in a batch: sequence ids run 0..2P-1 in each sample (-1: no loss)."""
+    return int(((sequence_ids.max(dim=-1).values + 1) // 2).sum())
+
+
+def install(trainer, preference, lora: bool) -> PreferenceStep:
+    step = PreferenceStep(trainer, preference, lora)
+    step.install()
+    return step

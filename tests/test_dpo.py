@@ -1,0 +1,314 @@
+"""Preference tuning (data=preference): the DPO objective equals TRL's for the same per-token
+log-probabilities; preference rows become packed pairs with their masks."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import read_jsonl, trained
+from test_data import spans_of
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer
+from qwen3_neuron.data.dataset import PackedDataset
+from qwen3_neuron.data.preference import pair_tokens, row_pair
+from qwen3_neuron.data.preview import format_sample
+from qwen3_neuron.data.source import DataSource
+from qwen3_neuron.finetune.dpo import SEQUENCE_IDS, mean_metrics, pair_metrics, pair_terms, sequence_sums, token_logps
+
+
+def _trl_trainer(model_dir, ref_model, model, loss_type: str, beta: float, label_smoothing: float, tmp_path):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = Dataset.from_list([
+        {"prompt": [{"role": "user", "content": "What does getcontext() do?"}],
+         "chosen": [{"role": "assistant", "content": "Returns this thread's context."}],
+         "rejected": [{"role": "assistant", "content": "Nothing at all, ever."}]},
+        {"prompt": [{"role": "user", "content": "How is it declared?"}],
+         "chosen": [{"role": "assistant", "content": "def getcontext():"}],
+         "rejected": [{"role": "assistant", "content": "class Context: pass, with more words"}]},
+        {"prompt": [{"role": "user", "content": "What is a deque?"}],
+         "chosen": [{"role": "assistant", "content": "A double-ended queue."}],
+         "rejected": [{"role": "assistant", "content": "A dictionary."}]},
+    ])  # fmt: skip
+    args = DPOConfig(
+        output_dir=str(tmp_path), beta=beta, loss_type=[loss_type], label_smoothing=label_smoothing,
+        per_device_train_batch_size=3, report_to=[], use_cpu=True, bf16=False, max_length=None,
+    )  # fmt: skip
+    return DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=rows, processing_class=tokenizer)
+
+
+@pytest.mark.parametrize("loss_type, label_smoothing", [("sigmoid", 0.0), ("ipo", 0.0), ("robust", 0.2)])
+def test_the_dpo_loss_rewards_and_accuracy_are_trls(assets, tmp_path, loss_type, label_smoothing):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_pretrained(assets.tiny_qwen3_dir, dtype=torch.float32).eval()
+    policy = AutoModelForCausalLM.from_pretrained(assets.tiny_qwen3_dir, dtype=torch.float32).eval()
+    with torch.no_grad():  # a policy that has moved away from its reference
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    beta = 0.5
+    trainer = _trl_trainer(assets.tiny_qwen3_dir, reference, policy, loss_type, beta, label_smoothing, tmp_path)
+    batch = next(iter(trainer.get_train_dataloader()))
+    trl_loss = float(trainer._compute_loss(policy, batch, return_outputs=False).detach())
+    trl = {name: values[-1] for name, values in trainer._metrics["eval"].items()}  # the models are in eval mode
+
+    # The same rows as this project packs them: each pair's chosen and rejected sequences side by
+    # side in one sample, their response tokens marked with the pair's sequence ids.
+    ids, mask = batch["input_ids"], batch["completion_mask"]
+    n = ids.shape[0] // 2
+    labels = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+    sequence_ids = torch.where(mask[:, 1:] == 1, 0, -1)
+    sequence_ids[n:] = torch.where(sequence_ids[n:] == 0, 1, -1)
+    with torch.no_grad():
+        policy_tokens = token_logps(policy(ids).logits[:, :-1], labels)
+        reference_tokens = token_logps(reference(ids).logits[:, :-1], labels)
+    side_by_side = lambda t: torch.cat([t[:n], t[n:]], dim=1)  # noqa: E731  [2n, L] -> [n, 2L]
+    packed_ids = side_by_side(sequence_ids)
+    policy_sums, counts = sequence_sums(side_by_side(policy_tokens), packed_ids)
+    reference_sums, _ = sequence_sums(side_by_side(reference_tokens), packed_ids)
+    terms = pair_terms(policy_sums, reference_sums, counts, beta=beta, loss_type=loss_type,
+                       label_smoothing=label_smoothing)  # fmt: skip
+    ours = mean_metrics(pair_metrics(terms))
+
+    assert ours["pairs"] == n == 3
+    assert ours["loss"] == pytest.approx(trl_loss, rel=1e-5, abs=1e-6)
+    assert ours["rewards_chosen"] == pytest.approx(trl["rewards/chosen"], rel=1e-4, abs=1e-6)
+    assert ours["rewards_rejected"] == pytest.approx(trl["rewards/rejected"], rel=1e-4, abs=1e-6)
+    assert ours["reward_margin"] == pytest.approx(trl["rewards/margins"], rel=1e-4, abs=1e-6)
+    assert ours["reward_accuracy"] == pytest.approx(trl["rewards/accuracies"], rel=1e-6)  # TRL's is a float32 mean
+
+
+def test_policy_equal_to_reference_gives_ln2():
+    sums = torch.tensor([[-3.0, -5.0], [-1.0, -2.0], [0.0, 0.0]])
+    counts = torch.tensor([[2.0, 3.0], [1.0, 4.0], [0.0, 0.0]])  # the last slot holds no pair
+    metrics = mean_metrics(pair_metrics(pair_terms(sums, sums, counts, beta=0.1)))
+    assert metrics == {"pairs": 2.0, "loss": pytest.approx(0.6931471805599453), "rewards_chosen": 0.0,
+                       "rewards_rejected": 0.0, "reward_accuracy": 0.0, "reward_margin": 0.0}  # fmt: skip
+
+
+# ---- preference rows -> packed pairs ----------------------------------------------------------
+
+PREFERENCE = DataSource(format="preference", prompt_field="prompt")
+USER, GOOD, BAD = "What is a deque?", "A double-ended queue.", "A dictionary."
+EARLIER = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(assets):
+    return HuggingFaceTokenizer(tokenizer_path=str(assets.tokenizer_dir))
+
+
+def _trained_spans(tokenizer, row, source=PREFERENCE) -> list[list[str]]:
+    renderer = ChatRenderer(tokenizer)
+    return [spans_of(tokenizer, ids, trained) for ids, trained in pair_tokens(renderer, row_pair(row, source))]
+
+
+def test_the_three_shapes_of_a_pair_train_the_responses_only(tokenizer):
+    turn = lambda role, text: [{"role": role, "content": text}]  # noqa: E731
+    explicit = {"prompt": turn("user", USER), "chosen": turn("assistant", GOOD), "rejected": turn("assistant", BAD)}
+    implicit = {"chosen": turn("user", USER) + turn("assistant", GOOD), "rejected": turn("user", USER) + turn("assistant", BAD)}
+    strings = {"prompt": USER, "chosen": GOOD, "rejected": BAD}
+    expected = [[f"<think>\n\n</think>\n\n{GOOD}<|im_end|>"], [f"<think>\n\n</think>\n\n{BAD}<|im_end|>"]]
+    assert _trained_spans(tokenizer, explicit) == _trained_spans(tokenizer, implicit) == expected
+    assert _trained_spans(tokenizer, strings) == expected
+    # a multi-turn prompt: its own assistant turn is context, not trained
+    multi = {"chosen": EARLIER + turn("user", USER) + turn("assistant", GOOD),
+             "rejected": EARLIER + turn("user", USER) + turn("assistant", BAD)}  # fmt: skip
+    assert _trained_spans(tokenizer, multi) == expected
+    renamed = DataSource(format="preference", prompt_field="question", chosen_field="good", rejected_field="bad")
+    assert _trained_spans(tokenizer, {"question": USER, "good": GOOD, "bad": BAD}, renamed) == expected
+
+
+@pytest.mark.parametrize("row, error", [
+    ({"prompt": USER, "chosen": GOOD}, "data.rejected_field=rejected: the row has no rejected response"),
+    ({"prompt": USER, "chosen": GOOD, "rejected": GOOD}, "the chosen and the rejected response are the same"),
+    ({"chosen": GOOD, "rejected": BAD}, "string responses need a prompt column"),
+    ({"chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": GOOD}],
+      "rejected": [{"role": "user", "content": "b"}, {"role": "assistant", "content": BAD}]}, "share no prompt"),
+])  # fmt: skip
+def test_a_row_that_is_not_a_pair_says_why(row, error):
+    with pytest.raises(ChatFormatError, match=error):
+        row_pair(row, PREFERENCE)
+
+
+def test_pairs_are_packed_whole_with_their_sequence_ids(tmp_path, tokenizer):
+    rows = [{"prompt": f"{USER} {'x ' * i}", "chosen": GOOD, "rejected": BAD * (1 + i % 3)} for i in range(12)]
+    files = tmp_path / "pairs.jsonl"
+    files.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    source = DataSource(format="preference", prompt_field="prompt", files=str(files))
+    dataset = PackedDataset(source, tokenizer, seq_len=160, infinite=False)
+    samples = list(dataset)
+    pairs = 0
+    for input_dict, labels in samples:
+        positions, ids = input_dict["positions"].tolist(), input_dict[SEQUENCE_IDS].tolist()
+        starts = [i for i, p in enumerate(positions) if p == 0]
+        documents = [(a, b) for a, b in zip(starts, [*starts[1:], len(positions)])]
+        trained = [{ids[i] for i in range(a, b) if ids[i] >= 0} for a, b in documents]
+        numbered = [t.pop() for t in trained if t]  # one sequence id per trained document, in order
+        assert numbered == list(range(len(numbered))) and len(numbered) % 2 == 0  # whole pairs: chosen, rejected
+        assert all((ids[i] >= 0) == (labels[i] != -100) for i in range(len(ids)))
+        pairs += len(numbered) // 2
+    assert pairs == len(rows) and dataset.stats["documents"] == 2 * len(rows)
+    # run.show_data names each response and masks its prompt
+    input_dict, labels = samples[0]
+    shown = format_sample(0, input_dict["input"].tolist(), labels.tolist(), input_dict["positions"].tolist(),
+                          tokenizer, input_dict[SEQUENCE_IDS].tolist())  # fmt: skip
+    assert ", pair 1 chosen (tokens 0-" in shown and ", pair 1 rejected (tokens " in shown
+    assert f"</think>\n\n{GOOD}<|im_end|>\n──── document 2, pair 1 rejected" in shown
+    assert f"⟦<|im_start|>user\n{USER}" in shown
+    # too long for one sample: truncated to fit together (overlong=truncate), or dropped
+    short = PackedDataset(source, tokenizer, seq_len=48, infinite=False)
+    assert sum(1 for _ in short) > 0 and short.stats["truncated"] > 0
+    dropping = PackedDataset(dataclasses.replace(source, overlong="drop"), tokenizer, seq_len=48, infinite=False)
+    list(dropping)
+    assert dropping.stats["dropped"] == short.stats["truncated"] + short.stats["dropped"]
+
+
+# ---- a tiny preference set: one constant chosen reply, random text rejected ----------------------
+
+CHOSEN = "I answer in one line."
+
+
+def write_constant_preference_set(folder, assets) -> tuple[Path, list[str]]:
+    """Pairs (TRL's conversational form) for the questions of the bundled pairs: the same chosen
+    reply to every one, random words rejected. Returns the file and held-out questions."""
+    rng = random.Random(0)
+    lines = assets.preference_train_file.read_text().splitlines()
+    questions = [json.loads(line)["prompt"][0]["content"] for line in lines]
+    words = " ".join(questions).split()
+    rows = [{"prompt": [{"role": "user", "content": question}],
+             "chosen": [{"role": "assistant", "content": CHOSEN}],
+             "rejected": [{"role": "assistant", "content": " ".join(rng.choices(words, k=rng.randint(4, 12)))}]}
+            for question in questions[:300]]  # fmt: skip
+    path = Path(folder) / "pairs.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path, questions[300:305]
+
+
+# The tiny HF Qwen3 with LoRA on the constant set: 2 ranks, 2 pairs' samples per rank and step,
+# held-out pairs validated at step 8, the tuned policy exported.
+DPO_LORA = ("experiment=cpu_qwen3_tiny_dpo", "training.seq_len=128", "training.steps=8", "optimizer.lr=1e-2",
+            "data.val_files=null", "data.val_fraction=0.05", "validator.freq=8", "validator.steps=1")  # fmt: skip
+
+
+# finetune=full: the reference is a frozen copy of the starting weights; one rank, 6 steps.
+DPO_FULL = (*DPO_LORA[:-2], "finetune=full", "optimizer.lr=1e-3", "training.steps=6", "run.nproc_per_node=1",
+            "validator.freq=6", "validator.steps=1")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def constant_pairs(tmp_path_factory, assets):
+    return write_constant_preference_set(tmp_path_factory.mktemp("dpo-data"), assets)
+
+
+@pytest.fixture(scope="module")
+def dpo_lora_run(tmp_path_factory, constant_pairs):
+    files, held_out = constant_pairs
+    return trained(tmp_path_factory.mktemp("dpo-lora") / "run", *DPO_LORA, f"data.files={files}"), held_out
+
+
+@pytest.fixture(scope="module")
+def dpo_full_run(tmp_path_factory, constant_pairs):
+    files, held_out = constant_pairs
+    return trained(tmp_path_factory.mktemp("dpo-full") / "run", *DPO_FULL, f"data.files={files}"), held_out
+
+
+def _response_logps(model, tokenizer, question: str, reply: str) -> float:
+    """log p(reply's assistant turn | question) under `model`, as the run's data marks the turn."""
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                           tokenize=False)  # fmt: skip
+    full = tokenizer.apply_chat_template([{"role": "user", "content": question}, {"role": "assistant", "content": reply}],
+                                         tokenize=False).rstrip("\n")  # the marker's newline is not trained  # fmt: skip
+    assert full.startswith(prompt)
+    ids = tokenizer(full, return_tensors="pt")["input_ids"]
+    start = len(tokenizer(prompt)["input_ids"])
+    with torch.no_grad():
+        logps = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+    return float(logps[start - 1:].sum())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_a_dpo_run_starts_at_ln2_learns_the_preference_and_exports_the_tuned_policy(request, kind, assets):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run, held_out = request.getfixturevalue(f"dpo_{kind}_run")
+    steps = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+    first = steps[0]
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)  # the policy is the reference at step 1
+    assert (first["rewards_chosen"], first["rewards_rejected"], first["reward_margin"]) == (0.0, 0.0, 0.0)
+    assert first["pairs"] >= 2 * (2 if kind == "lora" else 1)  # ranks x 2 samples, each with a whole pair or more
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["first_loss"] == first["loss"]
+    assert summary["reward_accuracy"] > 0.9 and summary["val_reward_accuracy"] > 0.9
+    assert summary["reward_margin"] > 0 and summary["rewards_chosen"] > summary["rewards_rejected"]
+    assert summary["final_loss"] < 0.5 * math.log(2)
+    estimate = json.loads((run / "memory_estimate.json").read_text())  # full: a copy of the weights, lora: none
+    assert estimate["reference_gib"] == (estimate["parameters_gib"] if kind == "full" else 0.0)
+    stats = summary["data_stats"]  # two documents per pair, none split or skipped
+    assert stats["documents"] == 2 * (stats["rows"] - stats["dropped"]) and stats["skipped"] == 0
+
+    # The export is the tuned policy: asked held-out questions through transformers, it prefers the
+    # chosen reply to random words by more than the starting model does, on every question.
+    tokenizer = AutoTokenizer.from_pretrained(summary["export_dir"])
+    tuned = AutoModelForCausalLM.from_pretrained(summary["export_dir"]).eval()
+    base = AutoModelForCausalLM.from_pretrained(assets.tiny_qwen3_dir).eval()
+    rng = random.Random(1)
+    words = " ".join(held_out).split()
+    for question in held_out:
+        rejected = " ".join(rng.choices(words, k=8))
+        margin = {name: _response_logps(model, tokenizer, question, CHOSEN) - _response_logps(model, tokenizer, question, rejected)
+                  for name, model in (("tuned", tuned), ("base", base))}  # fmt: skip
+        assert margin["tuned"] > margin["base"], question
+
+
+# ---- the DPO metrics in the summary, the sweep table, the objective and the progress line -------
+
+
+def test_dpo_metrics_reach_the_summary_the_sweep_table_the_objective_and_the_progress_line(tmp_path):
+    from test_sweeps import csv_rows, write_records
+
+    from qwen3_neuron.eval.objective import check_objective
+    from qwen3_neuron.eval.settings import EvalSettings
+    from qwen3_neuron.launch.progress import Progress
+    from qwen3_neuron.report.summary import summarize, sweep_job_value
+    from qwen3_neuron.report.sweep_table import write_report
+
+    for job, beta, accuracy in (("0", 0.1, 0.75), ("1", 0.5, 1.0)):
+        (tmp_path / job / ".hydra").mkdir(parents=True)
+        (tmp_path / job / ".hydra" / "overrides.yaml").write_text(f"- preference.beta={beta}\n")
+        step = {"loss": 0.4, "pairs": 8.0, "rewards_chosen": 0.3, "rewards_rejected": -0.2,
+                "reward_accuracy": accuracy, "reward_margin": 0.5}  # fmt: skip
+        held_out = {"val_loss": 0.45, "val_pairs": 4.0, "val_rewards_chosen": 0.25, "val_rewards_rejected": -0.1,
+                    "val_reward_accuracy": accuracy / 2, "val_reward_margin": 0.35}  # fmt: skip
+        write_records(tmp_path / job, [{"step": 1, **step, "loss": 0.6931}, {"step": 2, **step}, {"step": 2, **held_out}])
+        summary = summarize(tmp_path / job, "completed", 1.0)
+        (tmp_path / job / "summary.json").write_text(json.dumps(summary))
+    assert {k: summary[k] for k in ("first_loss", "final_loss", "reward_accuracy", "reward_margin", "rewards_chosen",
+                                    "rewards_rejected", "val_loss", "val_reward_accuracy", "val_reward_margin")} == {
+        "first_loss": 0.6931, "final_loss": 0.4, "reward_accuracy": 1.0, "reward_margin": 0.5, "rewards_chosen": 0.3,
+        "rewards_rejected": -0.2, "val_loss": 0.45, "val_reward_accuracy": 0.5, "val_reward_margin": 0.35}  # fmt: skip
+    for objective in ("reward_accuracy", "val_reward_accuracy", "val_reward_margin"):
+        check_objective(objective, EvalSettings())
+    assert sweep_job_value(summary, "val_reward_accuracy", stop_on_failure=True) == 0.5
+    write_report(tmp_path)
+    rows = csv_rows(tmp_path / "summary.csv")
+    assert [(r["preference.beta"], r["reward_accuracy"], r["val_reward_accuracy"]) for r in rows] == [
+        ("0.1", "0.75", "0.375"), ("0.5", "1.0", "0.5")]  # fmt: skip
+    out = io.StringIO()
+    progress = Progress(tmp_path / "0" / "metrics.jsonl", total_steps=2, stream=out)
+    progress._poll()
+    progress.stop()
+    assert "step 2/2  loss 0.4000  val 0.4500  acc 0.75  margin 0.500" in out.getvalue()
