@@ -8,7 +8,6 @@ import io
 import json
 import math
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from conftest import read_jsonl, trained
 from test_data import spans_of
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
+from qwen3_neuron.assets.build import PREFERENCE_CHOSEN
 from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer
 from qwen3_neuron.data.dataset import PackedDataset
 from qwen3_neuron.data.preference import pair_tokens, row_pair
@@ -198,33 +198,21 @@ def test_pairs_are_packed_whole_with_their_sequence_ids(tmp_path, tokenizer):
 
 # ---- a tiny preference set: one constant chosen reply, random text rejected ----------------------
 
-CHOSEN = "I answer in one line."
+CHOSEN = PREFERENCE_CHOSEN  # the bundled pairs' chosen reply to every question
 
 
-def write_constant_preference_set(folder, assets) -> tuple[Path, list[str]]:
-    """Pairs (TRL's conversational form) for the questions of the bundled pairs: the same chosen
-    reply to every one, random words rejected. Returns the file and held-out questions."""
-    rng = random.Random(0)
-    lines = assets.preference_train_file.read_text().splitlines()
-    questions = [json.loads(line)["prompt"][0]["content"] for line in lines]
-    words = " ".join(questions).split()
-    rows = [{"prompt": [{"role": "user", "content": question}],
-             "chosen": [{"role": "assistant", "content": CHOSEN}],
-             "rejected": [{"role": "assistant", "content": " ".join(rng.choices(words, k=rng.randint(4, 12)))}]}
-            for question in questions[:300]]  # fmt: skip
-    path = Path(folder) / "pairs.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path, questions[300:305]
+def held_out_questions(assets) -> list[str]:
+    lines = assets.preference_validation_file.read_text().splitlines()
+    return [json.loads(line)["prompt"][0]["content"] for line in lines][:5]
 
 
-# The tiny HF Qwen3 with LoRA on the constant set: 2 ranks, 2 pairs' samples per rank and step,
-# held-out pairs validated at the last step, the tuned policy exported. DPO plus TRL's SFT term:
-# from an untrained model, pure DPO mostly pushes the rejected replies down and the chosen one
-# stays unlikely; the NLL term makes it the reply the model generates.
+# The experiment as shipped: the tiny HF Qwen3 with LoRA on the bundled pairs, 2 ranks, 2 samples
+# per rank and step, 32 steps, DPO plus TRL's SFT term (from an untrained model pure DPO mostly
+# pushes the rejected replies down and the chosen one stays unlikely; the NLL term makes it the
+# reply the model generates); held-out pairs validated once, at the last step; the policy exported.
 SFT_WEIGHT = 1.0
-DPO_LORA = ("experiment=cpu_qwen3_tiny_dpo", "training.seq_len=128", "training.steps=32", "optimizer.lr=5e-3",
-            "lr_scheduler.warmup_steps=1", f"preference.sft_weight={SFT_WEIGHT}", "data.val_files=null",
-            "data.val_fraction=0.05", "validator.freq=32", "validator.steps=1")  # fmt: skip
+DPO_LORA = ("experiment=cpu_qwen3_tiny_dpo", f"preference.sft_weight={SFT_WEIGHT}", "validator.freq=32",
+            "validator.steps=1")  # fmt: skip
 
 
 # finetune=full: the reference is a frozen copy of the starting weights; one rank, 24 steps.
@@ -233,20 +221,13 @@ DPO_FULL = (*DPO_LORA[:-2], "finetune=full", "optimizer.lr=1e-3", "training.step
 
 
 @pytest.fixture(scope="module")
-def constant_pairs(tmp_path_factory, assets):
-    return write_constant_preference_set(tmp_path_factory.mktemp("dpo-data"), assets)
+def dpo_lora_run(tmp_path_factory, assets):
+    return trained(tmp_path_factory.mktemp("dpo-lora") / "run", *DPO_LORA), held_out_questions(assets)
 
 
 @pytest.fixture(scope="module")
-def dpo_lora_run(tmp_path_factory, constant_pairs):
-    files, held_out = constant_pairs
-    return trained(tmp_path_factory.mktemp("dpo-lora") / "run", *DPO_LORA, f"data.files={files}"), held_out
-
-
-@pytest.fixture(scope="module")
-def dpo_full_run(tmp_path_factory, constant_pairs):
-    files, held_out = constant_pairs
-    return trained(tmp_path_factory.mktemp("dpo-full") / "run", *DPO_FULL, f"data.files={files}"), held_out
+def dpo_full_run(tmp_path_factory, assets):
+    return trained(tmp_path_factory.mktemp("dpo-full") / "run", *DPO_FULL), held_out_questions(assets)
 
 
 def _response_logps(model, tokenizer, question: str, reply: str) -> float:
