@@ -299,7 +299,7 @@ def test_dpo_metrics_reach_the_summary_the_sweep_table_the_objective_and_the_pro
     from qwen3_neuron.eval.objective import check_objective
     from qwen3_neuron.eval.settings import EvalSettings
     from qwen3_neuron.launch.progress import Progress
-    from qwen3_neuron.report.summary import summarize, sweep_job_value
+    from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value
     from qwen3_neuron.report.sweep_table import write_report
 
     for job, beta, accuracy in (("0", 0.1, 0.75), ("1", 0.5, 1.0)):
@@ -316,6 +316,7 @@ def test_dpo_metrics_reach_the_summary_the_sweep_table_the_objective_and_the_pro
                                     "rewards_rejected", "val_loss", "val_reward_accuracy", "val_reward_margin")} == {
         "first_loss": 0.6931, "final_loss": 0.4, "reward_accuracy": 1.0, "reward_margin": 0.5, "rewards_chosen": 0.3,
         "rewards_rejected": -0.2, "val_loss": 0.45, "val_reward_accuracy": 0.5, "val_reward_margin": 0.35}  # fmt: skip
+    assert "preference: reward accuracy 1.00, margin 0.500 (validation: accuracy 0.50, margin 0.350)" in summary_lines(summary)
     for objective in ("reward_accuracy", "val_reward_accuracy", "val_reward_margin"):
         check_objective(objective, EvalSettings())
     assert sweep_job_value(summary, "val_reward_accuracy", stop_on_failure=True) == 0.5
