@@ -8,7 +8,6 @@ import io
 import json
 import math
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,15 +15,25 @@ from conftest import read_jsonl, trained
 from test_data import spans_of
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
+from qwen3_neuron.assets.build import PREFERENCE_CHOSEN
 from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer
 from qwen3_neuron.data.dataset import PackedDataset
 from qwen3_neuron.data.preference import pair_tokens, row_pair
 from qwen3_neuron.data.preview import format_sample
 from qwen3_neuron.data.source import DataSource
-from qwen3_neuron.finetune.dpo import SEQUENCE_IDS, mean_metrics, pair_metrics, pair_terms, sequence_sums, token_logps
+from qwen3_neuron.finetune.dpo import (
+    SEQUENCE_IDS,
+    mean_metrics,
+    pair_metrics,
+    pair_terms,
+    sequence_sums,
+    step_loss,
+    token_logps,
+)
 
 
-def _trl_trainer(model_dir, ref_model, model, loss_type: str, beta: float, label_smoothing: float, tmp_path):
+def _trl_trainer(model_dir, ref_model, model, loss_type: str, beta: float, label_smoothing: float, sft_weight: float,
+                 tmp_path):
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
@@ -42,14 +51,17 @@ def _trl_trainer(model_dir, ref_model, model, loss_type: str, beta: float, label
          "rejected": [{"role": "assistant", "content": "A dictionary."}]},
     ])  # fmt: skip
     args = DPOConfig(
-        output_dir=str(tmp_path), beta=beta, loss_type=[loss_type], label_smoothing=label_smoothing,
+        output_dir=str(tmp_path), beta=beta, label_smoothing=label_smoothing,
+        loss_type=[loss_type, "sft"] if sft_weight else [loss_type], loss_weights=[1.0, sft_weight] if sft_weight else None,
         per_device_train_batch_size=3, report_to=[], use_cpu=True, bf16=False, max_length=None,
     )  # fmt: skip
     return DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=rows, processing_class=tokenizer)
 
 
-@pytest.mark.parametrize("loss_type, label_smoothing", [("sigmoid", 0.0), ("ipo", 0.0), ("robust", 0.2)])
-def test_the_dpo_loss_rewards_and_accuracy_are_trls(assets, tmp_path, loss_type, label_smoothing):
+@pytest.mark.parametrize("loss_type, label_smoothing, sft_weight",
+                         [("sigmoid", 0.0, 0.0), ("ipo", 0.0, 0.0), ("robust", 0.2, 0.0), ("sigmoid", 0.0, 0.7),
+                          ("ipo", 0.0, 0.3)])  # fmt: skip
+def test_the_dpo_loss_rewards_and_accuracy_are_trls(assets, tmp_path, loss_type, label_smoothing, sft_weight):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -59,7 +71,8 @@ def test_the_dpo_loss_rewards_and_accuracy_are_trls(assets, tmp_path, loss_type,
         for p in policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
     beta = 0.5
-    trainer = _trl_trainer(assets.tiny_qwen3_dir, reference, policy, loss_type, beta, label_smoothing, tmp_path)
+    trainer = _trl_trainer(assets.tiny_qwen3_dir, reference, policy, loss_type, beta, label_smoothing, sft_weight,
+                           tmp_path)  # fmt: skip
     batch = next(iter(trainer.get_train_dataloader()))
     trl_loss = float(trainer._compute_loss(policy, batch, return_outputs=False).detach())
     trl = {name: values[-1] for name, values in trainer._metrics["eval"].items()}  # the models are in eval mode
@@ -80,7 +93,10 @@ def test_the_dpo_loss_rewards_and_accuracy_are_trls(assets, tmp_path, loss_type,
     reference_sums, _ = sequence_sums(side_by_side(reference_tokens), packed_ids)
     terms = pair_terms(policy_sums, reference_sums, counts, beta=beta, loss_type=loss_type,
                        label_smoothing=label_smoothing)  # fmt: skip
-    ours = mean_metrics(pair_metrics(terms))
+    ours = mean_metrics(pair_metrics(terms), sft_weight)
+    # the loss a step backpropagates: this batch alone is the global batch
+    pairs, tokens = torch.tensor(float(n)), counts[:, 0].sum()
+    assert float(step_loss(terms, pairs, tokens, sft_weight)) == pytest.approx(ours["loss"], rel=1e-6)
 
     assert ours["pairs"] == n == 3
     assert ours["loss"] == pytest.approx(trl_loss, rel=1e-5, abs=1e-6)
@@ -95,7 +111,11 @@ def test_policy_equal_to_reference_gives_ln2():
     counts = torch.tensor([[2.0, 3.0], [1.0, 4.0], [0.0, 0.0]])  # the last slot holds no pair
     metrics = mean_metrics(pair_metrics(pair_terms(sums, sums, counts, beta=0.1)))
     assert metrics == {"pairs": 2.0, "loss": pytest.approx(0.6931471805599453), "rewards_chosen": 0.0,
-                       "rewards_rejected": 0.0, "reward_accuracy": 0.0, "reward_margin": 0.0}  # fmt: skip
+                       "rewards_rejected": 0.0, "reward_accuracy": 0.0, "reward_margin": 0.0,
+                       "chosen_nll": pytest.approx((3.0 + 1.0) / (2.0 + 1.0))}  # fmt: skip
+    # the SFT term: the chosen responses' NLL per token (4 nats over 3 tokens), weighted
+    weighted = mean_metrics(pair_metrics(pair_terms(sums, sums, counts, beta=0.1)), sft_weight=0.5)
+    assert weighted["loss"] == pytest.approx(math.log(2) + 0.5 * 4.0 / 3.0)
 
 
 # ---- preference rows -> packed pairs ----------------------------------------------------------
@@ -178,51 +198,36 @@ def test_pairs_are_packed_whole_with_their_sequence_ids(tmp_path, tokenizer):
 
 # ---- a tiny preference set: one constant chosen reply, random text rejected ----------------------
 
-CHOSEN = "I answer in one line."
+CHOSEN = PREFERENCE_CHOSEN  # the bundled pairs' chosen reply to every question
 
 
-def write_constant_preference_set(folder, assets) -> tuple[Path, list[str]]:
-    """Pairs (TRL's conversational form) for the questions of the bundled pairs: the same chosen
-    reply to every one, random words rejected. Returns the file and held-out questions."""
-    rng = random.Random(0)
-    lines = assets.preference_train_file.read_text().splitlines()
-    questions = [json.loads(line)["prompt"][0]["content"] for line in lines]
-    words = " ".join(questions).split()
-    rows = [{"prompt": [{"role": "user", "content": question}],
-             "chosen": [{"role": "assistant", "content": CHOSEN}],
-             "rejected": [{"role": "assistant", "content": " ".join(rng.choices(words, k=rng.randint(4, 12)))}]}
-            for question in questions[:300]]  # fmt: skip
-    path = Path(folder) / "pairs.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path, questions[300:305]
+def held_out_questions(assets) -> list[str]:
+    lines = assets.preference_validation_file.read_text().splitlines()
+    return [json.loads(line)["prompt"][0]["content"] for line in lines][:5]
 
 
-# The tiny HF Qwen3 with LoRA on the constant set: 2 ranks, 2 pairs' samples per rank and step,
-# held-out pairs validated at step 8, the tuned policy exported.
-DPO_LORA = ("experiment=cpu_qwen3_tiny_dpo", "training.seq_len=128", "training.steps=8", "optimizer.lr=1e-2",
-            "data.val_files=null", "data.val_fraction=0.05", "validator.freq=8", "validator.steps=1")  # fmt: skip
+# The experiment as shipped: the tiny HF Qwen3 with LoRA on the bundled pairs, 2 ranks, 2 samples
+# per rank and step, 32 steps, DPO plus TRL's SFT term (from an untrained model pure DPO mostly
+# pushes the rejected replies down and the chosen one stays unlikely; the NLL term makes it the
+# reply the model generates); held-out pairs validated once, at the last step; the policy exported.
+SFT_WEIGHT = 1.0
+DPO_LORA = ("experiment=cpu_qwen3_tiny_dpo", f"preference.sft_weight={SFT_WEIGHT}", "validator.freq=32",
+            "validator.steps=1")  # fmt: skip
 
 
-# finetune=full: the reference is a frozen copy of the starting weights; one rank, 6 steps.
-DPO_FULL = (*DPO_LORA[:-2], "finetune=full", "optimizer.lr=1e-3", "training.steps=6", "run.nproc_per_node=1",
-            "validator.freq=6", "validator.steps=1")  # fmt: skip
+# finetune=full: the reference is a frozen copy of the starting weights; one rank, 24 steps.
+DPO_FULL = (*DPO_LORA[:-2], "finetune=full", "optimizer.lr=1e-3", "training.steps=24", "run.nproc_per_node=1",
+            "validator.freq=24", "validator.steps=1")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def constant_pairs(tmp_path_factory, assets):
-    return write_constant_preference_set(tmp_path_factory.mktemp("dpo-data"), assets)
+def dpo_lora_run(tmp_path_factory, assets):
+    return trained(tmp_path_factory.mktemp("dpo-lora") / "run", *DPO_LORA), held_out_questions(assets)
 
 
 @pytest.fixture(scope="module")
-def dpo_lora_run(tmp_path_factory, constant_pairs):
-    files, held_out = constant_pairs
-    return trained(tmp_path_factory.mktemp("dpo-lora") / "run", *DPO_LORA, f"data.files={files}"), held_out
-
-
-@pytest.fixture(scope="module")
-def dpo_full_run(tmp_path_factory, constant_pairs):
-    files, held_out = constant_pairs
-    return trained(tmp_path_factory.mktemp("dpo-full") / "run", *DPO_FULL, f"data.files={files}"), held_out
+def dpo_full_run(tmp_path_factory, assets):
+    return trained(tmp_path_factory.mktemp("dpo-full") / "run", *DPO_FULL), held_out_questions(assets)
 
 
 def _response_logps(model, tokenizer, question: str, reply: str) -> float:
@@ -247,14 +252,16 @@ def test_a_dpo_run_starts_at_ln2_learns_the_preference_and_exports_the_tuned_pol
     run, held_out = request.getfixturevalue(f"dpo_{kind}_run")
     steps = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
     first = steps[0]
-    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)  # the policy is the reference at step 1
+    # the policy is the reference at step 1: DPO's ln 2, plus the weighted NLL of the chosen replies
+    assert first["loss"] == pytest.approx(math.log(2) + SFT_WEIGHT * first["chosen_nll"], rel=1e-5)
+    assert steps[-1]["chosen_nll"] < 0.5 * first["chosen_nll"]
     assert (first["rewards_chosen"], first["rewards_rejected"], first["reward_margin"]) == (0.0, 0.0, 0.0)
     assert first["pairs"] >= 2 * (2 if kind == "lora" else 1)  # ranks x 2 samples, each with a whole pair or more
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["first_loss"] == first["loss"]
     assert summary["reward_accuracy"] > 0.9 and summary["val_reward_accuracy"] > 0.9
     assert summary["reward_margin"] > 0 and summary["rewards_chosen"] > summary["rewards_rejected"]
-    assert summary["final_loss"] < 0.5 * math.log(2)
+    assert summary["final_loss"] < 0.5 * first["loss"]
     estimate = json.loads((run / "memory_estimate.json").read_text())  # full: a copy of the weights, lora: none
     assert estimate["reference_gib"] == (estimate["parameters_gib"] if kind == "full" else 0.0)
     stats = summary["data_stats"]  # two documents per pair, none split or skipped
@@ -272,6 +279,15 @@ def test_a_dpo_run_starts_at_ln2_learns_the_preference_and_exports_the_tuned_pol
         margin = {name: _response_logps(model, tokenizer, question, CHOSEN) - _response_logps(model, tokenizer, question, rejected)
                   for name, model in (("tuned", tuned), ("base", base))}  # fmt: skip
         assert margin["tuned"] > margin["base"], question
+    # and greedy generate() answers every held-out question with exactly the chosen reply
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for question in held_out:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                               tokenize=False)  # fmt: skip
+        inputs = tokenizer(prompt, return_tensors="pt")
+        output = tuned.generate(**inputs, max_new_tokens=24, do_sample=False, eos_token_id=im_end)
+        reply = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=False)
+        assert reply == f"<think>\n\n</think>\n\n{CHOSEN}<|im_end|>", question
 
 
 # ---- the DPO metrics in the summary, the sweep table, the objective and the progress line -------
@@ -283,7 +299,7 @@ def test_dpo_metrics_reach_the_summary_the_sweep_table_the_objective_and_the_pro
     from qwen3_neuron.eval.objective import check_objective
     from qwen3_neuron.eval.settings import EvalSettings
     from qwen3_neuron.launch.progress import Progress
-    from qwen3_neuron.report.summary import summarize, sweep_job_value
+    from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value
     from qwen3_neuron.report.sweep_table import write_report
 
     for job, beta, accuracy in (("0", 0.1, 0.75), ("1", 0.5, 1.0)):
@@ -300,6 +316,7 @@ def test_dpo_metrics_reach_the_summary_the_sweep_table_the_objective_and_the_pro
                                     "rewards_rejected", "val_loss", "val_reward_accuracy", "val_reward_margin")} == {
         "first_loss": 0.6931, "final_loss": 0.4, "reward_accuracy": 1.0, "reward_margin": 0.5, "rewards_chosen": 0.3,
         "rewards_rejected": -0.2, "val_loss": 0.45, "val_reward_accuracy": 0.5, "val_reward_margin": 0.35}  # fmt: skip
+    assert "preference: reward accuracy 1.00, margin 0.500 (validation: accuracy 0.50, margin 0.350)" in summary_lines(summary)
     for objective in ("reward_accuracy", "val_reward_accuracy", "val_reward_margin"):
         check_objective(objective, EvalSettings())
     assert sweep_job_value(summary, "val_reward_accuracy", stop_on_failure=True) == 0.5

@@ -13,6 +13,8 @@ Four artifacts live under one cache root (``default_root()``):
 - ``chat_dataset/``: multi-turn conversations about the same definitions (`messages` lists with
   system, user and assistant turns) as ``train.jsonl`` + ``validation.jsonl``: what data=chat
   trains on by default.
+- ``preference_pairs/``: their questions with one constant chosen reply and random words rejected
+  (``train.jsonl`` + ``validation.jsonl``): what data=preference trains on by default.
 
 The text comes from the standard library's source files (parsed, never imported: no import side
 effects, nothing from third-party packages), so every machine has it; the same Python version
@@ -219,7 +221,7 @@ def asset_paths(root: Path | None = None) -> AssetPaths:
         tiny_qwen3_dir=root / "tiny_qwen3",
         tiny_qwen3_moe_dir=root / "tiny_qwen3_moe",
         chat_dataset_dir=root / "chat_dataset",
-        preference_dataset_dir=root / "preference_dataset",
+        preference_dataset_dir=root / "preference_pairs",  # renamed with its contents: a cache rebuilds it
     )
 
 
@@ -381,19 +383,26 @@ def write_chat_dataset(out_dir: Path) -> None:
                     file.write(json.dumps(conversation, ensure_ascii=False) + "\n")
 
 
+PREFERENCE_CHOSEN = "I answer in one line."  # the chosen reply of every bundled preference pair
+
+
 def write_preference_dataset(out_dir: Path) -> None:
-    """Pairs in TRL's conversational form: the first question of each conversation, its own answer
-    (chosen) and the answer to another conversation's question (rejected); every
-    VALIDATION_EVERY-th held out."""
-    conversations = stdlib_conversations()
-    firsts = [[m for m in c["messages"] if m["role"] != "system"][:2] for c in conversations]
+    """Pairs in TRL's conversational form: the first question of each conversation, the same short
+    chosen reply to every one (PREFERENCE_CHOSEN) and random words of the questions rejected
+    (seeded): a preference a tiny model learns in a few dozen steps. Every VALIDATION_EVERY-th held out."""
+    import random
+
+    questions = [next(m for m in c["messages"] if m["role"] == "user") for c in stdlib_conversations()]
+    words = " ".join(q["content"] for q in questions).split()
+    rng = random.Random(0)
+    rejected = [" ".join(rng.choices(words, k=rng.randint(4, 12))) for _ in questions]
     for split, keep in (("train", lambda i: (i + 1) % VALIDATION_EVERY != 0),
                         ("validation", lambda i: (i + 1) % VALIDATION_EVERY == 0)):  # fmt: skip
         with open(out_dir / f"{split}.jsonl", "w", encoding="utf-8") as file:
-            for i, (question, answer) in enumerate(firsts):
-                other = firsts[(i + len(firsts) // 2) % len(firsts)][1]
-                if keep(i) and other["content"] != answer["content"]:
-                    pair = {"prompt": [question], "chosen": [answer], "rejected": [other]}
+            for i, question in enumerate(questions):
+                if keep(i):
+                    pair = {"prompt": [question], "chosen": [{"role": "assistant", "content": PREFERENCE_CHOSEN}],
+                            "rejected": [{"role": "assistant", "content": rejected[i]}]}  # fmt: skip
                     file.write(json.dumps(pair, ensure_ascii=False) + "\n")
 
 

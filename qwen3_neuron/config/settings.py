@@ -219,6 +219,10 @@ class PreferenceSettings:
     label_smoothing: float = 0.0
     """loss=robust: the probability that a pair's preference is flipped, 0 <= p < 0.5."""
 
+    sft_weight: float = 0.0
+    """The weight of an SFT term added to the DPO loss: the policy's NLL per token of the chosen
+    responses (TRL's `loss_type=[loss, "sft"], loss_weights=[1, sft_weight]`). 0: pure DPO."""
+
     precompute_reference: bool = False
     """finetune=full: the reference's log-probabilities of every pair computed in one pass before
     training, instead of a frozen copy of the weights in memory. Not built yet: refused."""
@@ -344,6 +348,8 @@ def _check_preference(settings: Settings) -> None:
     elif preference.label_smoothing:
         raise ConfigError(f"preference.label_smoothing applies to preference.loss=robust (as in TRL); "
                           f"preference.loss={preference.loss} does not read it.")  # fmt: skip
+    if not preference.sft_weight >= 0:
+        raise ConfigError(f"preference.sft_weight must be >= 0 (0: pure DPO), got {preference.sft_weight}.")
     if preference.precompute_reference:
         raise ConfigError("preference.precompute_reference=true is not built yet: the reference is the model "
                           "with its adapters off (finetune=lora) or a frozen copy of the starting weights "

@@ -13,6 +13,11 @@ The losses are TRL's (`DPOConfig.loss_type`), with TRL's formulas:
 Rewards are beta * (policy - reference) log-ratios; the reward accuracy is the share of pairs
 whose chosen reward is above the rejected one, the margin their mean difference.
 
+`sft_weight` adds TRL's "sft" loss (`loss_type=[loss, "sft"], loss_weights=[1, sft_weight]`): the
+policy's NLL of the chosen responses, a mean over all their tokens in the batch (not per pair).
+Pure DPO only moves the chosen-minus-rejected margin, mostly by pushing the rejected reply down;
+the NLL term also pulls the chosen reply up, so the policy generates it.
+
 Shapes stay static (one slot per possible pair of a sample: a pair has at least two tokens), so
 a compiled step sees the same graph every step; slots without a pair are masked out.
 """
@@ -59,6 +64,8 @@ class PairTerms:
     chosen_rewards: torch.Tensor
     rejected_rewards: torch.Tensor
     present: torch.Tensor
+    chosen_nll: torch.Tensor  # the policy's -log p of each chosen response (a sum over its tokens)
+    chosen_tokens: torch.Tensor
 
 
 def pair_terms(
@@ -86,7 +93,17 @@ def pair_terms(
         raise ValueError(f"unknown DPO loss {loss_type!r}; known: {', '.join(LOSS_TYPES)}")
     present = (counts[:, 0] > 0) & (counts[:, 1] > 0)
     rewards = beta * logratios.detach()
-    return PairTerms(losses * present, rewards[:, 0], rewards[:, 1], present)
+    return PairTerms(losses * present, rewards[:, 0], rewards[:, 1], present,
+                     -policy[:, 0] * present, counts[:, 0] * present)  # fmt: skip
+
+
+def step_loss(terms: PairTerms, pairs: torch.Tensor, chosen_tokens: torch.Tensor, sft_weight: float) -> torch.Tensor:
+    """This batch's share of the loss of a batch of `pairs` pairs with `chosen_tokens` chosen
+    tokens: DPO a mean over the pairs, the SFT term a mean over the chosen tokens (TRL's)."""
+    loss = terms.losses.sum() / pairs.clamp(min=1.0)
+    if sft_weight:
+        loss = loss + sft_weight * terms.chosen_nll.sum() / chosen_tokens.clamp(min=1.0)
+    return loss
 
 
 def pair_metrics(terms: PairTerms) -> torch.Tensor:
@@ -96,14 +113,21 @@ def pair_metrics(terms: PairTerms) -> torch.Tensor:
     chosen, rejected = terms.chosen_rewards * present, terms.rejected_rewards * present
     correct = (terms.chosen_rewards > terms.rejected_rewards).to(present.dtype) * present
     return torch.stack([present.sum(), terms.losses.detach().sum(), chosen.sum(), rejected.sum(),
-                        correct.sum(), (chosen - rejected).sum()])  # fmt: skip
+                        correct.sum(), (chosen - rejected).sum(), terms.chosen_tokens.sum(),
+                        terms.chosen_nll.detach().sum()])  # fmt: skip
 
 
-METRIC_NAMES = ("pairs", "loss", "rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin")
+METRIC_NAMES = ("pairs", "loss", "rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin",
+                "chosen_tokens", "chosen_nll")  # fmt: skip
+PAIR_MEANS = METRIC_NAMES[1:6]  # means over the pairs; chosen_nll is one over the chosen tokens
 
 
-def mean_metrics(sums: torch.Tensor) -> dict[str, float]:
-    """`pair_metrics` sums -> means over the pairs (the pair count itself kept)."""
-    values = sums.tolist()
-    pairs = values[0]
-    return {"pairs": pairs, **{name: value / max(pairs, 1.0) for name, value in zip(METRIC_NAMES[1:], values[1:])}}
+def mean_metrics(sums: torch.Tensor, sft_weight: float = 0.0) -> dict[str, float]:
+    """`pair_metrics` sums -> means (the pair count kept): the loss is DPO's mean over the pairs
+    plus `sft_weight` x chosen_nll, the policy's NLL per chosen token."""
+    values = dict(zip(METRIC_NAMES, sums.tolist()))
+    pairs, tokens = values["pairs"], values.pop("chosen_tokens")
+    means = {"pairs": pairs, **{name: values[name] / max(pairs, 1.0) for name in PAIR_MEANS}}
+    means["chosen_nll"] = values["chosen_nll"] / max(tokens, 1.0)
+    means["loss"] += sft_weight * means["chosen_nll"]
+    return means

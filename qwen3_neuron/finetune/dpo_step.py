@@ -9,7 +9,8 @@ torchtitan's own step.
 
 The loss is the mean over the pairs of the global batch: `train_step` counts the pairs of every
 microbatch of the step on every data-parallel rank first (one all-reduce), and each microbatch's
-backward is its pairs' loss sum over that count. torchtitan adds the microbatches' returned
+backward is its pairs' loss sum over that count (with preference.sft_weight, plus the weighted
+NLL sum of its chosen tokens over the global batch's chosen-token count, counted alongside). torchtitan adds the microbatches' returned
 losses and sums them over the ranks for its log, so the logged loss is that mean too; FSDP sums
 the ranks' gradients (torchtitan's divide factor 1), the gradient of the same mean.
 
@@ -40,6 +41,7 @@ from qwen3_neuron.finetune.dpo import (
     pair_metrics,
     pair_terms,
     sequence_sums,
+    step_loss,
     token_logps,
 )
 
@@ -118,8 +120,9 @@ class PreferenceStep:
         self.trainer = trainer
         self.frozen = None if lora else FrozenReference(trainer.model_parts[0])
         self.beta, self.loss_type, self.label_smoothing = preference.beta, preference.loss, preference.label_smoothing
+        self.sft_weight = preference.sft_weight
         self._train_step = trainer.train_step
-        self._global_pairs = torch.ones((), device=trainer.device)
+        self._global_counts = torch.ones(2, device=trainer.device)  # pairs, chosen tokens
         self._sums = torch.zeros(len(METRIC_NAMES), device=trainer.device)
 
     def install(self) -> None:
@@ -138,8 +141,8 @@ class PreferenceStep:
         if self.frozen is not None and not int(self.frozen.taken):
             self.frozen.take()  # the starting weights: torchtitan loaded them before the first step
         microbatches = [next(data_iterator) for _ in range(trainer.gradient_accumulation_steps)]
-        local = sum(_pair_count(input_dict[SEQUENCE_IDS]) for input_dict, _ in microbatches)
-        self._global_pairs = self._dp_sum(torch.tensor(float(local), device=trainer.device))
+        local = [_counts(input_dict[SEQUENCE_IDS]) for input_dict, _ in microbatches]
+        self._global_counts = self._dp_sum(torch.tensor([float(sum(c)) for c in zip(*local)], device=trainer.device))
         self._sums = torch.zeros(len(METRIC_NAMES), device=trainer.device)
         self._train_step(iter(microbatches))
 
@@ -152,7 +155,7 @@ class PreferenceStep:
             reference = self._reference(model, inputs, labels, extra_kwargs, sequence_ids)
             policy, counts = sequence_sums(token_logps(model(inputs, **extra_kwargs), labels), sequence_ids)
             terms = self._terms(policy, reference, counts)
-            loss = terms.losses.sum() / self._global_pairs.clamp(min=1.0)
+            loss = step_loss(terms, *self._global_counts, self.sft_weight)
             with spmd.no_typecheck():  # as torchtitan's own backward
                 loss.backward()
         self._sums += pair_metrics(terms)
@@ -160,7 +163,7 @@ class PreferenceStep:
 
     def step_metrics(self) -> dict[str, float]:
         """The step's DPO metrics over the global batch (every rank calls this: one all-reduce)."""
-        means = mean_metrics(self._dp_sum(self._sums))
+        means = mean_metrics(self._dp_sum(self._sums), self.sft_weight)
         return {f"{METRIC_PREFIX}{name}": value for name, value in means.items()}
 
     # ---- validation ------------------------------------------------------------------------
@@ -187,7 +190,7 @@ class PreferenceStep:
                 reference = self._reference(model, inputs, labels, extra_kwargs, sequence_ids)
                 policy, counts = sequence_sums(token_logps(model(inputs, **extra_kwargs), labels), sequence_ids)
             sums += pair_metrics(self._terms(policy, reference, counts))
-        means = mean_metrics(self._dp_sum(sums))
+        means = mean_metrics(self._dp_sum(sums), self.sft_weight)
         extra = {f"{VALIDATION_PREFIX}{METRIC_PREFIX}{name}": value for name, value in means.items()}
         validator.metrics_processor.log_validation(loss=means["loss"], step=step, extra_metrics=extra)
         model.train()
@@ -211,9 +214,11 @@ class PreferenceStep:
         return dist_utils.dist_sum_tensor(tensor, parallel_dims.get_mesh("batch"))
 
 
-def _pair_count(sequence_ids: torch.Tensor) -> int:
-    """Pairs in a batch: sequence ids run 0..2P-1 in each sample (-1: no loss)."""
-    return int(((sequence_ids.max(dim=-1).values + 1) // 2).sum())
+def _counts(sequence_ids: torch.Tensor) -> tuple[int, int]:
+    """(pairs, chosen tokens) in a batch: sequence ids run 0..2P-1 in each sample, even ids the
+    chosen responses (-1: no loss)."""
+    pairs = int(((sequence_ids.max(dim=-1).values + 1) // 2).sum())
+    return pairs, int(((sequence_ids >= 0) & (sequence_ids % 2 == 0)).sum())
 
 
 def install(trainer, preference, lora: bool) -> PreferenceStep:

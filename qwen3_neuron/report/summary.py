@@ -177,6 +177,11 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines[0] += f" (validation {summary['val_loss']:.4f} at step {summary['val_step']})"
     if summary.get("checkpoint_loaded"):
         lines[0] += f"; continued from checkpoint {summary['checkpoint_loaded']}"
+    if summary.get("reward_accuracy") is not None:  # data=preference
+        lines.append(f"preference: reward accuracy {summary['reward_accuracy']:.2f}, margin {summary['reward_margin']:.3f}")
+        if summary.get("val_reward_accuracy") is not None:
+            lines[-1] += (f" (validation: accuracy {summary['val_reward_accuracy']:.2f}, "
+                          f"margin {summary['val_reward_margin']:.3f})")  # fmt: skip
     speed = []
     if summary.get("tokens_per_second") is not None:
         speed.append(f"{summary['tokens_per_second']:,.0f} tok/s")
