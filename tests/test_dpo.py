@@ -18,11 +18,11 @@ from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from qwen3_neuron.assets.build import PREFERENCE_CHOSEN
 from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer
 from qwen3_neuron.data.dataset import PackedDataset
+from qwen3_neuron.data.packing import SEQUENCE_IDS
 from qwen3_neuron.data.preference import pair_tokens, row_pair
 from qwen3_neuron.data.preview import format_sample
 from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.finetune.dpo import (
-    SEQUENCE_IDS,
     mean_metrics,
     pair_metrics,
     pair_terms,

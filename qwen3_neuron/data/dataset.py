@@ -26,10 +26,9 @@ from torchtitan.tools.logging import logger
 
 from qwen3_neuron.data import sources
 from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_conversation
-from qwen3_neuron.data.packing import Packer, Sample, document, fit, fit_pair, sequence_ids
+from qwen3_neuron.data.packing import SEQUENCE_IDS, Packer, Sample, document, fit, fit_pair, sequence_ids
 from qwen3_neuron.data.preference import pair_tokens, row_pair
 from qwen3_neuron.data.source import DataSource
-from qwen3_neuron.finetune.dpo import SEQUENCE_IDS
 
 STAT_NAMES = (
     "rows", "documents", "truncated", "dropped", "split", "skipped", "tokens", "label_tokens", "padding_tokens",

@@ -161,6 +161,9 @@ def fit_pair(documents: list[tuple[list[int], list[int]]], seq_len: int) -> list
     return fitted
 
 
+SEQUENCE_IDS = "sequence_ids"  # the input_dict key carrying each label's sequence id (data=preference)
+
+
 def sequence_ids(labels: list[int], positions: list[int]) -> list[int]:
     """Per label: which sequence of the sample it belongs to, -1 without a loss. A sample holds
     whole pairs in order, chosen before rejected, then padding (no labels): the k-th document

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torchtitan.components.loss import IGNORE_INDEX
 
-from qwen3_neuron.finetune.dpo import SEQUENCE_IDS
+from qwen3_neuron.data.packing import SEQUENCE_IDS
 
 NO_LOSS_OPEN, NO_LOSS_CLOSE = "⟦", "⟧"
 

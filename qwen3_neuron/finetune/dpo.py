@@ -2,7 +2,7 @@
 
 A packed sample holds whole pairs: each pair's chosen and rejected responses are two documents
 of one sample (`data.preference`). The dataset marks every label token with its sequence id
-(`SEQUENCE_IDS`): 2k for pair k's chosen response, 2k + 1 for its rejected one, -1 for a token
+(`data.packing.SEQUENCE_IDS`): 2k for pair k's chosen response, 2k + 1 for its rejected one, -1 for a token
 without a loss. A sequence's log-probability is the sum of its response tokens' log-probabilities.
 
 The losses are TRL's (`DPOConfig.loss_type`), with TRL's formulas:
@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from torchtitan.components.loss import IGNORE_INDEX
 
-SEQUENCE_IDS = "sequence_ids"  # the input_dict key carrying each label's sequence id
 LOSS_TYPES = ("sigmoid", "ipo", "robust")
 
 

@@ -34,9 +34,9 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torchtitan.distributed import utils as dist_utils
 
+from qwen3_neuron.data.packing import SEQUENCE_IDS
 from qwen3_neuron.finetune.dpo import (
     METRIC_NAMES,
-    SEQUENCE_IDS,
     mean_metrics,
     pair_metrics,
     pair_terms,
@@ -153,7 +153,7 @@ class PreferenceStep:
         model = trainer.model_parts[0]
         with trainer.train_context():
             reference = self._reference(model, inputs, labels, extra_kwargs, sequence_ids)
-            policy, counts = sequence_sums(token_logps(model(inputs, **extra_kwargs), labels), sequence_ids)
+            policy, counts = _sequence_logps(model, inputs, labels, extra_kwargs, sequence_ids)
             terms = self._terms(policy, reference, counts)
             loss = step_loss(terms, *self._global_counts, self.sft_weight)
             with spmd.no_typecheck():  # as torchtitan's own backward
@@ -188,7 +188,7 @@ class PreferenceStep:
             )  # the validator's own: the trainer's counts the tokens it trains on
             with validator.validation_context():
                 reference = self._reference(model, inputs, labels, extra_kwargs, sequence_ids)
-                policy, counts = sequence_sums(token_logps(model(inputs, **extra_kwargs), labels), sequence_ids)
+                policy, counts = _sequence_logps(model, inputs, labels, extra_kwargs, sequence_ids)
             sums += pair_metrics(self._terms(policy, reference, counts))
         means = mean_metrics(self._dp_sum(sums), self.sft_weight)
         extra = {f"{VALIDATION_PREFIX}{METRIC_PREFIX}{name}": value for name, value in means.items()}
@@ -200,7 +200,7 @@ class PreferenceStep:
     def _reference(self, model, inputs, labels, extra_kwargs, sequence_ids) -> torch.Tensor:
         reference = adapters_off(model) if self.frozen is None else self.frozen.swapped_in()
         with torch.no_grad(), reference:
-            sums, _ = sequence_sums(token_logps(model(inputs, **extra_kwargs), labels), sequence_ids)
+            sums, _ = _sequence_logps(model, inputs, labels, extra_kwargs, sequence_ids)
         return sums
 
     def _terms(self, policy, reference, counts):
@@ -212,6 +212,11 @@ class PreferenceStep:
         if not parallel_dims.dp_enabled:
             return tensor
         return dist_utils.dist_sum_tensor(tensor, parallel_dims.get_mesh("batch"))
+
+
+def _sequence_logps(model, inputs, labels, extra_kwargs, sequence_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's log-probability of each sequence's trained tokens, summed, and their counts."""
+    return sequence_sums(token_logps(model(inputs, **extra_kwargs), labels), sequence_ids)
 
 
 def _counts(sequence_ids: torch.Tensor) -> tuple[int, int]:
