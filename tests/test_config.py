@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from typing import Literal
 
 import pytest
 from conftest import compose_config, compose_job, launch
 from torchtitan.trainer import Trainer
 
 from qwen3_neuron.config import trainer_keys as trainer_keys_module
+from qwen3_neuron.config.fields import hint_from_text, hint_text
 from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.settings import parse_settings
 from qwen3_neuron.config.trainer_keys import KEYS_FILE, check_trainer_keys, installed_torchtitan, trainer_keys
@@ -92,7 +94,7 @@ def test_the_plan_says_when_the_launchers_keys_disagree_with_torchtitans_classes
     (note,) = [note for note in plan_for(tmp_path).notes if KEYS_FILE.name in note]
     assert note == (
         "trainer_keys.json's keys of torchtitan 0.3.0 for qwen3:qwen3_32b are not the installed classes' (only in "
-        "the file: training.stpes; only in torchtitan: training.steps): the launcher may refuse a valid key, or "
+        "the file: training.stpes (int); only in torchtitan: training.steps (int)): the launcher may refuse a valid key, or "
         "leave a misspelled one to this plan. Rewrite them: python -m qwen3_neuron.config.trainer_keys"
     )
 
@@ -110,6 +112,27 @@ def test_the_launcher_names_a_misspelled_torchtitan_key_as_the_plan_does(tmp_pat
         with pytest.raises(ConfigError) as in_plan:
             make_plan(Job.parse(composed), tmp_path / "run")
         assert str(in_plan.value) == str(at_launch.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optimizer.lr=fast"], "Wrong type for 'optimizer.lr': expected float, got str 'fast'."),
+    (["optimizer.weight_decay=abc"], "Wrong type for 'optimizer.weight_decay': expected float, got str 'abc'."),
+    (["training.dtype=fp16"], "Wrong type for 'training.dtype': expected one of 'bfloat16', 'float32', got str 'fp16'."),
+    (["data=text", "data.files={text}", "dataloader.seed=x"], "Wrong type for 'dataloader.seed': expected int, got str 'x'."),
+])  # fmt: skip
+def test_the_launcher_names_a_wrong_type_in_torchtitans_sections_as_the_plan_does(tmp_path, assets, overrides, message):
+    composed = compose_config(*(o.replace("{text}", str(assets.text_train_file)) for o in overrides))
+    with pytest.raises(ConfigError) as at_launch:
+        check_trainer_keys(composed, parse_settings(composed))
+    with pytest.raises(ConfigError) as in_plan:
+        make_plan(Job.parse(composed), tmp_path / "run")
+    assert str(at_launch.value) == str(in_plan.value) == message
+
+
+def test_the_launchers_schema_reads_back_the_types_the_plan_checks():
+    # every type written into trainer_keys.json reads back as the annotation it was written from
+    for hint in (int, float | int, int | None, Literal["a", "b"], list[str | tuple[str, dict]], tuple[int, ...], dict):
+        assert hint_from_text(hint_text(hint)) == hint
 
 
 def test_the_launcher_leaves_valid_and_swapped_torchtitan_keys_to_the_plan():

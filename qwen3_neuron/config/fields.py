@@ -52,19 +52,54 @@ def apply_fields(node: Any, values: Mapping[str, Any], path: str, hint: Any = An
         raise ConfigError(f"{path or 'config'}: {e}") from e
 
 
-def key_tree(node: Any) -> dict[str, dict | None]:
-    """The keys `apply_fields` takes on the dataclass `node`: {name: the keys of the config it
-    holds, or None for a value}, descending where `apply_fields` does."""
+def key_tree(node: Any) -> dict[str, Any]:
+    """The keys `apply_fields` takes on the dataclass `node`: {name: the tree of the config it
+    holds, or the value's type as `hint_text` writes it}, descending where `apply_fields` does."""
     tree = {}
     for name in sorted(_field_names(type(node))):
-        value = getattr(node, name)
-        arm = _dataclass_arm(_type_hints(type(node)).get(name, Any)) if value is None else None
+        value, hint = getattr(node, name), _type_hints(type(node)).get(name, Any)
+        arm = _dataclass_arm(hint) if value is None else None
         try:
             value = arm() if arm is not None else value
         except TypeError:  # required fields: apply_fields cannot make one either
             pass
-        tree[name] = key_tree(value) if dataclasses.is_dataclass(value) else None
+        tree[name] = key_tree(value) if dataclasses.is_dataclass(value) else hint_text(hint)
     return tree
+
+
+def hint_text(hint: Any) -> str:
+    """A field's annotation as text `hint_from_text` reads back without importing its module
+    (the launcher's schema): the forms `check_type` checks by themselves. Any other class or a
+    callable is `Any` there: the plan, which has the class, checks it."""
+    hint = _strip_annotated(hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is type(None):
+        return "None"
+    if hint in (bool, int, float, str, list, tuple, dict):
+        return hint.__name__
+    if origin is typing.Literal and all(isinstance(a, (str, int, bool, type(None))) for a in args):
+        return f"Literal[{', '.join(repr(a) for a in args)}]"
+    if origin in (typing.Union, types.UnionType):
+        arms = [hint_text(a) for a in args]
+        return "Any" if "Any" in arms else " | ".join(arms)  # an Any arm accepts everything
+    if origin is dict:
+        return "dict"
+    if origin in (list, tuple):
+        items = ", ".join("..." if a is Ellipsis else hint_text(a) for a in args)
+        return f"{origin.__name__}[{items}]" if args else origin.__name__
+    return "Any"
+
+
+# The names `hint_text` writes.
+_HINT_NAMES = {"Any": Any, "Literal": typing.Literal, "bool": bool, "int": int, "float": float, "str": str,
+               "list": list, "tuple": tuple, "dict": dict}  # fmt: skip
+
+
+@cache
+def hint_from_text(text: str) -> Any:
+    """The annotation `hint_text` wrote (the project's own schema file: a Python type expression
+    over `_HINT_NAMES`, evaluated with nothing else in reach)."""
+    return eval(text, {"__builtins__": {}}, _HINT_NAMES)  # noqa: S307
 
 
 def unknown_key_message(key_path: str, key: str, valid: typing.Iterable[str]) -> str:

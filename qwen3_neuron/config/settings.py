@@ -244,9 +244,9 @@ class Settings:
 # torchtitan's fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
 FRAMEWORK_OWNED = {"model_spec": "model.flavor", "dump_folder": "hydra.run.dir", "hf_model": "model.hf_model"}
 
-# `optimizer.lr=3e-4` and friends: set on every param group (torchtitan 0.3.0 keeps them in
-# `optimizer.param_groups[i].optimizer_kwargs`).
-OPTIMIZER_SHORTHANDS = ("lr", "weight_decay", "betas", "eps")
+# `optimizer.lr=3e-4` and friends, with their types: set on every param group (torchtitan 0.3.0
+# keeps them in `optimizer.param_groups[i].optimizer_kwargs`, an untyped dict).
+OPTIMIZER_SHORTHANDS: dict[str, Any] = {"lr": float, "weight_decay": float, "betas": tuple[float, float], "eps": float}
 
 SECTIONS: dict[str, type] = {
     "model": ModelSettings,

@@ -1,9 +1,11 @@
-"""torchtitan's `Trainer.Config` keys, known without importing torchtitan (seconds): the launcher
-refuses a misspelled key of one of torchtitan's own sections (`training.stpes=3`) before torchrun
-starts, with the message the plan's `fields.apply_fields` gives for it.
+"""torchtitan's `Trainer.Config` keys and their types, known without importing torchtitan
+(seconds): the launcher refuses a misspelled key of one of torchtitan's own sections
+(`training.stpes=3`) and a value of the wrong type (`optimizer.lr=fast`) before torchrun starts,
+with the message the plan's `fields.apply_fields` gives for it.
 
 `trainer_keys.json` holds, per torchtitan version (the installed one read from its package
-metadata, which is cheap), the tree of field names of the base config of each config function
+metadata, which is cheap), the tree of fields, each with its type (`fields.hint_text`: a class
+of torchtitan's own there is any value, left to the plan), of the base config of each config function
 `conf/model/` names, and of the packed data loader that data=text|chat|mix puts in `dataloader`
 (and in `validator.dataloader` with a validation set). What it does not know is left to the plan:
 a torchtitan version it has no schema for (said once per launch), another config function, a
@@ -23,7 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from qwen3_neuron.config.fields import key_tree, unknown_key_message
+from qwen3_neuron.config.fields import check_type, hint_from_text, key_tree, unknown_key_message
 from qwen3_neuron.config.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, PACKED_KINDS, SECTIONS, Settings
 from qwen3_neuron.errors import ConfigError
 
@@ -38,7 +40,8 @@ DISTRIBUTIONS = ("torchtitan", "torchtitan-neuron")
 
 
 def check_trainer_keys(composed: Mapping[str, Any], settings: Settings) -> None:
-    """Refuse a key torchtitan's sections do not have, as the plan would (ConfigError)."""
+    """Refuse a key torchtitan's sections do not have, or a value of the wrong type, as the plan
+    would (ConfigError)."""
     tree = _tree_for(settings)
     if tree is None:
         return
@@ -46,6 +49,9 @@ def check_trainer_keys(composed: Mapping[str, Any], settings: Settings) -> None:
         if section in SECTIONS or section in FRAMEWORK_OWNED:
             continue  # the framework's own sections; the plan names the owned fields' keys
         if section == "optimizer" and isinstance(values, Mapping):
+            for key, hint in OPTIMIZER_SHORTHANDS.items():
+                if key in values:
+                    check_type(values[key], hint, f"optimizer.{key}")
             values = {k: v for k, v in values.items() if k not in OPTIMIZER_SHORTHANDS}
         _check(tree, {section: values}, "")
 
@@ -110,16 +116,21 @@ def _check(tree: dict, values: Mapping[str, Any], path: str) -> None:
         key_path = f"{path}.{key}" if path else key
         if key not in tree:
             raise ConfigError(unknown_key_message(key_path, key, tree))
-        if isinstance(value, Mapping) and tree[key] is not None:
-            _check(tree[key], value, key_path)
+        below = tree[key]
+        if not isinstance(below, dict):
+            check_type(value, hint_from_text(below), key_path)
+        elif isinstance(value, Mapping):
+            _check(below, value, key_path)
 
 
 def _dotted(tree: Mapping[str, Any], prefix: str = "") -> set[str]:
+    """Every key as a dotted path, a value's with its type (`training.steps (int)`)."""
     keys = set()
     for key, below in tree.items():
-        keys.add(prefix + key)
-        if below:
-            keys |= _dotted(below, f"{prefix}{key}.")
+        if isinstance(below, dict):
+            keys |= {prefix + key, *_dotted(below, f"{prefix}{key}.")}
+        else:
+            keys.add(f"{prefix}{key} ({below})")
     return keys
 
 
@@ -144,7 +155,7 @@ def _base_config_keys(name: str) -> dict[str, Any]:
     from qwen3_neuron.trainer_config.build import base_config  # imports torchtitan
 
     tree = key_tree(base_config(*name.split(":")))
-    return {key: None if key in FRAMEWORK_OWNED else keys for key, keys in tree.items()}
+    return {key: "Any" if key in FRAMEWORK_OWNED else keys for key, keys in tree.items()}  # the plan names them
 
 
 def _packed_keys() -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config.fields import apply_fields, unknown_key_message
+from qwen3_neuron.config.fields import apply_fields, check_type, unknown_key_message
 from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, SECTIONS, Settings
 from qwen3_neuron.devices import policy as devices
@@ -130,11 +130,11 @@ def _base_model_spec(settings: Settings, model_dir: HFModelDir | None):
 
 def _apply_optimizer_shorthands(config: Trainer.Config, values: Mapping[str, Any]) -> dict:
     values = dict(values)
-    for key in OPTIMIZER_SHORTHANDS:
+    for key, hint in OPTIMIZER_SHORTHANDS.items():
         if key in values:
-            value = values.pop(key)
+            value = check_type(values.pop(key), hint, f"optimizer.{key}")
             for group in config.optimizer.param_groups:
-                group.optimizer_kwargs[key] = tuple(value) if key == "betas" else value
+                group.optimizer_kwargs[key] = value
     return values
 
 
