@@ -10,6 +10,10 @@ class ConfigError(Qwen3NeuronError, ValueError):
     """Bad input found at plan time; the message names the key and what would be valid."""
 
 
+class DataError(Qwen3NeuronError, ValueError):
+    """Bad data found while reading it (in a worker too); the message names the file and what to change."""
+
+
 class DeviceUnavailableError(Qwen3NeuronError, ValueError):
     """The requested device cannot be used here; the message says what is missing."""
 
@@ -40,3 +44,12 @@ class JobFailed(Qwen3NeuronError, RuntimeError):
 
 class NkiUnavailableError(Qwen3NeuronError, ImportError):
     """NKI kernels were asked for where NKI / torch-neuronx cannot be imported."""
+
+
+def user_error_label(error: BaseException) -> str | None:
+    """How the console names a mistake the user can fix ("Config error"), or None for a crash."""
+    if isinstance(error, DataError):
+        return "Data error"
+    if isinstance(error, ConfigError):
+        return "Config error"
+    return None

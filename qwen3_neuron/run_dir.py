@@ -6,7 +6,8 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/job.yaml            the resolved composed config; workers rebuild from it
     <run dir>/trainer_config.json the final torchtitan config, for people (and a refused resume's message)
     <run dir>/.plan_*.<token>     the plan's request, result or error while torchrun starts (below)
-    <run dir>/failure.json        rank 0's error and last good checkpoint, when training raised
+    <run dir>/failure.json        why a worker stopped: the user's mistake any rank found, or rank
+                                  0's crash with its traceback's end; the last good checkpoint
     <run dir>/export.json         rank 0's HF export: the summary's export_dir (adapter_dir), or its error
     <run dir>/train.log           torchrun's whole output
     <run dir>/ranks/              torchrun's per-rank logs
@@ -26,7 +27,7 @@ by local rank 0 once it has imported torchtitan (which the launcher then never i
 handoff (`HANDOFF_ENV`: a token for this launch and its pid) and writes what to plan
 (`.plan_request.<token>.json`: the settled job, whose device every worker installs its fixes
 for first, and the torchrun command). Local rank 0 plans and records (job.yaml ...), then writes `.plan_ready.<token>` (the `PlannedRun` the
-launcher reports with) or `.plan_error.<token>` (the config error). The launcher, once it has
+launcher reports with) or `.plan_error.<token>` (the config or data error). The launcher, once it has
 written what the workers read when they build (peak_flops.json: measured while they wait),
 writes `.plan_go.<token>`; every rank waits for it, and stops at a plan error or when the
 launcher is gone. One set of files per launch: the nodes of a multi-node job may share the run
@@ -129,14 +130,16 @@ class Handoff:
         """What local rank 0 plans: {"job": the settled job's composed config, "launch": its torchrun command}."""
         _write_atomically(self.files(run_dir)["request"], json.dumps(request))
 
-    def wait_for_plan(self, run_dir: Path, alive) -> PlannedRun | str | None:
-        """Local rank 0's PlannedRun, its config error (a str), or None if `alive()` turned false first."""
+    def wait_for_plan(self, run_dir: Path, alive) -> PlannedRun | tuple[str, str] | None:
+        """Local rank 0's PlannedRun, the user's mistake it found (`plan_failed`'s label and
+        message), or None if `alive()` turned false first."""
         files = self.files(run_dir)
         while True:
             if files["ready"].exists():
                 return PlannedRun(**json.loads(files["ready"].read_text()))
             if files["error"].exists():
-                return files["error"].read_text()
+                error = json.loads(files["error"].read_text())
+                return error["label"], error["message"]
             if not alive():
                 return None
             time.sleep(_PLAN_POLL_SECONDS)
@@ -157,8 +160,9 @@ class Handoff:
         """Local rank 0: the plan is recorded; every rank may build."""
         _write_atomically(self.files(run_dir)["ready"], json.dumps(asdict(planned)))
 
-    def plan_failed(self, run_dir: Path, message: str) -> None:
-        _write_atomically(self.files(run_dir)["error"], message)
+    def plan_failed(self, run_dir: Path, label: str, message: str) -> None:
+        """Local rank 0: the plan found a mistake the user can fix ("Config error", its message)."""
+        _write_atomically(self.files(run_dir)["error"], json.dumps({"label": label, "message": message}))
 
     def wait_for_go(self, run_dir: Path) -> None:
         """Every rank: return once the launcher lets the workers build (local rank 0 recorded the

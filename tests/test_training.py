@@ -159,11 +159,13 @@ def test_a_waiting_worker_stops_when_the_plan_failed_or_the_launcher_is_gone(tmp
     with pytest.raises(SystemExit, match=f"launcher \\(pid {gone.pid}\\) exited before the plan was ready"):
         Handoff("token", gone.pid).wait_for_go(tmp_path)
     handoff = Handoff("token", os.getpid())
-    handoff.plan_failed(tmp_path, "training.steps must be a positive integer, got 0.")
+    handoff.plan_failed(tmp_path, "Config error", "training.steps must be a positive integer, got 0.")
     with pytest.raises(SystemExit) as stopped:
         handoff.wait_for_go(tmp_path)
     assert stopped.value.code == PLAN_FAILED_EXIT
-    assert handoff.wait_for_plan(tmp_path, alive=lambda: True) == "training.steps must be a positive integer, got 0."
+    assert handoff.wait_for_plan(tmp_path, alive=lambda: True) == (
+        "Config error", "training.steps must be a positive integer, got 0."
+    )
 
 
 def test_a_finished_process_skips_the_teardown_but_runs_its_exit_handlers_and_flushes(tmp_path):

@@ -29,6 +29,7 @@ from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_conversati
 from qwen3_neuron.data.packing import SEQUENCE_IDS, Packer, Sample, document, fit, fit_pair, sequence_ids
 from qwen3_neuron.data.preference import pair_tokens, row_pair
 from qwen3_neuron.data.source import DataSource
+from qwen3_neuron.errors import DataError
 
 STAT_NAMES = (
     "rows", "documents", "truncated", "dropped", "split", "skipped", "tokens", "label_tokens", "padding_tokens",
@@ -154,7 +155,7 @@ class PackedDataset(IterableDataset, Stateful):
                     self._ready += self._packer.add(*doc) if doc is not None else []
                 yield from self._hand_out()
             if whole_pass and rows_this_epoch and self.stats["documents"] == documents_before and self.infinite:
-                raise RuntimeError(
+                raise DataError(
                     f"data source {self.source.name()}: none of the {rows_this_epoch} rows of rank {self.rank} "
                     f"became a document (counts: {self.stats}); raise training.seq_len or see data.overlong"
                 )
@@ -164,7 +165,7 @@ class PackedDataset(IterableDataset, Stateful):
                 logger.warning(f"[qwen3-neuron data] {self.source.name()}: out of data on rank {self.rank}")
                 return
             if rows_this_epoch == 0 and self._sample_idx == 0:
-                raise RuntimeError(
+                raise DataError(
                     f"data source {self.source.name()} has no rows for data-parallel rank {self.rank} "
                     "(fewer rows than ranks, or an empty carve)"
                 )

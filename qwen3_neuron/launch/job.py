@@ -34,9 +34,10 @@ from qwen3_neuron.config.job import Job
 from qwen3_neuron.config.settings import check_settings
 from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.config.trainer_keys import check_trainer_keys
-from qwen3_neuron.errors import ConfigError, RunDirInUse
+from qwen3_neuron.errors import ConfigError, DataError, RunDirInUse, user_error_label
 from qwen3_neuron.launch import slurm
 from qwen3_neuron.launch.console import quiet_console
+from qwen3_neuron.launch.failure import WorkersFailed, workers_failed
 from qwen3_neuron.launch.hydra_setup import register_resolvers
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
@@ -130,11 +131,15 @@ def _run_job_in(cfg: DictConfig, hydra_job: _HydraJob, hydra_config) -> JobOutco
         workers = _Workers(job, launch, hydra_job.run_dir)
         planned = workers.wait_for_plan()  # local rank 0's plan
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on
+        crashed = isinstance(e, WorkersFailed)
         if workers is not None:
-            workers.discard()
-        if not isinstance(e, (ConfigError, OmegaConfBaseException)):
+            workers.discard(keep_logs=crashed)  # a crash's message points at train.log
+        stop_on_failure = OmegaConf.select(cfg, "run.stop_on_failure") is True
+        if crashed:
+            return hydra_job.failed_before_training(e, stop_on_failure)
+        if not isinstance(e, (ConfigError, DataError, OmegaConfBaseException)):
             raise
-        return hydra_job.config_error(e, stop_on_failure=OmegaConf.select(cfg, "run.stop_on_failure") is True)
+        return hydra_job.config_error(e, stop_on_failure)
     return hydra_job.train(job, planned, workers, evaluation)
 
 
@@ -217,11 +222,11 @@ class _Workers:
     def wait_for_plan(self) -> PlannedRun:
         """Local rank 0's plan, its warnings printed here; its config error raised here."""
         planned = self.handoff.wait_for_plan(self.run_dir, alive=lambda: self.torchrun.process.poll() is None)
-        if isinstance(planned, str):
-            raise ConfigError(planned)
-        if planned is None:
-            self.torchrun.wait()  # prints the end of their output
-            raise RuntimeError("the workers exited before their plan was made (the end of their output is above)")
+        if isinstance(planned, tuple):
+            label, message = planned
+            raise DataError(message) if label == "Data error" else ConfigError(message)
+        if planned is None:  # local rank 0 crashed while planning (a bug), or a worker was killed
+            raise workers_failed(self.run_dir, self.torchrun.wait(), self.torchrun.echo)
         for message in planned.messages:
             print(message, file=sys.stderr)
         return planned
@@ -235,11 +240,13 @@ class _Workers:
         finally:
             self.handoff.remove_files(self.run_dir)
 
-    def discard(self) -> None:
+    def discard(self, keep_logs: bool = False) -> None:
         """The plan failed: stop the workers and remove what this torchrun wrote (a resumed run's
-        earlier train.log and rank logs stay as they were)."""
+        earlier train.log and rank logs stay as they were), its logs too unless `keep_logs`."""
         self.torchrun.stop()
         self.handoff.remove_files(self.run_dir)
+        if keep_logs:
+            return
         log = self.run_dir / LOG_FILE
         if self._earlier_log_bytes is None:
             log.unlink(missing_ok=True)
@@ -265,7 +272,7 @@ class _HydraJob:
         self.run_dir, self.single_run, self.label, self.sweep_dir = run_dir, single_run, label, sweep_dir
 
     def config_error(self, error: Exception, stop_on_failure: bool) -> JobOutcome:
-        print(f"Config error: {error}", file=sys.stderr)
+        print(f"{user_error_label(error) or 'Config error'}: {error}", file=sys.stderr)
         if self.single_run:
             _discard_hydra_only_dir(self.run_dir)
             return JobOutcome(CONFIG_ERROR_EXIT, single_run=True)
@@ -276,6 +283,19 @@ class _HydraJob:
             summary, "final_loss", stop_on_failure=stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
         )
         return JobOutcome(CONFIG_ERROR_EXIT, single_run=False, objective=value, summary=summary)
+
+    def failed_before_training(self, failure: WorkersFailed, stop_on_failure: bool) -> JobOutcome:
+        """The workers stopped before their plan was made, not for a mistake of the user's (a
+        crash): said, and the run dir kept with their logs."""
+        print(failure.message, file=sys.stderr)
+        summary = summarize(self.run_dir, "failed", 0.0, exit_code=failure.exit_code)
+        write_summary(self.run_dir, summary)
+        value = None
+        if not self.single_run:
+            value = sweep_job_value(
+                summary, "final_loss", stop_on_failure=stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
+            )
+        return JobOutcome(failure.exit_code, self.single_run, value, summary)
 
     def train(self, job: Job, planned: PlannedRun, workers: _Workers, evaluation) -> JobOutcome:
         """`job`: settled; `workers`: waiting for go once their plan is made; `evaluation`:
@@ -298,6 +318,10 @@ class _HydraJob:
             return JobOutcome(result.returncode, self.single_run)
         status = "interrupted" if result.interrupted_by else ("completed" if result.returncode == 0 else "failed")
         exit_code, extra = result.returncode, {}
+        if status == "failed":
+            failure = workers_failed(self.run_dir, result, run.verbose)
+            print(failure.message, file=sys.stderr)
+            exit_code = failure.exit_code
         if result.interrupted_by:
             extra["error"] = f"interrupted by {result.interrupted_by}"
         elif status == "failed" and result.log_error:  # a full disk: rank 0's failure.json is missing too

@@ -5,10 +5,10 @@ The launcher forwards either as SIGTERM, which torchrun passes on to its workers
 blocked in a collective never sees a KeyboardInterrupt, but SIGTERM ends it at once. torchrun
 starts each worker in a session of its own, so if torchrun has not stopped them within its own
 30 s close timeout plus a margin, the launcher kills torchrun's children as well as torchrun. Worker output always goes to `train.log`; on screen either
-all of it (verbose) or one live progress line fed by rank 0's metrics.jsonl (qwen3_neuron.launch.progress),
-with the end of train.log printed if the job fails. A train.log that cannot be written (a full
-disk) stops there; the output is still drained (no worker blocks on a full pipe) and its end kept
-for that message and the summary's error.
+all of it (verbose) or one live progress line fed by rank 0's metrics.jsonl (qwen3_neuron.launch.progress);
+the end of the output is kept for the launcher to explain a failure with (`launch.failure`). A
+train.log that cannot be written (a full disk) stops there; the output is still drained (no
+worker blocks on a full pipe) and its end kept for that message and the summary's error.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class LaunchResult:
     returncode: int
     interrupted_by: str | None  # signal name when the user stopped the run
     log_error: str | None = None  # why train.log stopped being written (a full disk), if it did
+    output_end: str = ""  # the last lines torchrun and its workers wrote
 
 
 class Torchrun:
@@ -77,13 +78,9 @@ class Torchrun:
                 progress.stop()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-        if not self.echo and returncode != 0 and not received:
-            where = f"its output ({self.log_errors[0]})" if self.log_errors else self.run_dir / LOG_FILE
-            sys.stderr.write(f"[qwen3-neuron] the job failed; the end of {where}:\n")
-            sys.stderr.write(b"".join(self.tail).decode(errors="replace"))
-            sys.stderr.flush()
         interrupted_by = signal.Signals(received[0]).name if received else None
-        return LaunchResult(returncode, interrupted_by, self.log_errors[0] if self.log_errors else None)
+        log_error = self.log_errors[0] if self.log_errors else None
+        return LaunchResult(returncode, interrupted_by, log_error, b"".join(self.tail).decode(errors="replace"))
 
     def stop(self) -> None:
         """Stop it before it trained (the plan failed): SIGTERM, then SIGKILL to torchrun and its

@@ -75,7 +75,7 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "peak_flops_source": peak["source"] if peak else None,
         "ranks": peak["ranks"] if peak else None,
         **what_ran(run_dir),
-        **failure,
+        **{key: failure[key] for key in ("error", "last_checkpoint") if key in failure},
         **extra,
     }
     if status == "failed" and not summary["error"]:  # no failure.json: not a Python error on rank 0

@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
 def plan_for_the_launcher(run_dir: Path, handoff: Handoff, request: dict[str, Any]) -> Plan:
     """Record the plan of the launcher's `request` (`Handoff.request_plan`: the settled job and
-    its torchrun command) and say it is ready; a config error is handed over and ends this rank."""
+    its torchrun command) and say it is ready; a config or data error is handed over and ends this rank."""
     from qwen3_neuron.config.job import Job
     from qwen3_neuron.config.torchrun import WorkerLaunch
-    from qwen3_neuron.errors import ConfigError
+    from qwen3_neuron.errors import ConfigError, DataError, user_error_label
     from qwen3_neuron.planning.torchtitan_api import check_torchtitan_api
 
     print(PLANNING_LINE, flush=True)
@@ -39,8 +39,8 @@ def plan_for_the_launcher(run_dir: Path, handoff: Handoff, request: dict[str, An
         plan = make_plan(job, run_dir, WorkerLaunch(**request["launch"]), messages.append)
         loads = _checked_checkpoint(plan, messages.append)
         planned = dataclasses.replace(record_plan(plan, run_dir, messages), checkpoint=loads)
-    except ConfigError as e:
-        handoff.plan_failed(run_dir, str(e))
+    except (ConfigError, DataError) as e:
+        handoff.plan_failed(run_dir, user_error_label(e), str(e))
         raise SystemExit(PLAN_FAILED_EXIT) from None
     handoff.plan_ready(run_dir, planned)
     return plan

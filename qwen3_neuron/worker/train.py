@@ -12,7 +12,6 @@ last save is in HF is exported by global rank 0 once every rank has written its 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,9 +19,9 @@ from pathlib import Path
 from qwen3_neuron.config.job import recorded_device
 from qwen3_neuron.devices.fixes import install
 from qwen3_neuron.process_exit import exit_without_teardown
+from qwen3_neuron.worker.failure import record_failure
 from qwen3_neuron.run_dir import (
     EXPORT_FILE,
-    FAILURE_FILE,
     Handoff,
     complete_steps,
     packing_efficiency,
@@ -42,7 +41,11 @@ def main(run_dir: Path) -> None:
         # started before the plan: local rank 0 makes it, checking torchtitan's APIs before importing them
         from qwen3_neuron.worker.plan import plan_for_the_launcher
 
-        plan = plan_for_the_launcher(run_dir, handoff, request)
+        try:
+            plan = plan_for_the_launcher(run_dir, handoff, request)
+        except Exception as error:  # a bug: the launcher prints its traceback's end
+            record_failure(run_dir, error, None)
+            raise
     try:  # the other ranks import meanwhile
         import torch
         from torchtitan.observability import structured_logger as sl
@@ -148,18 +151,10 @@ def _record_data_stats(trainer, run_dir: Path, logger) -> None:
 
 
 def _record_failure(run_dir: Path, error: Exception, config) -> None:
-    """Rank 0 says why the run stopped and which checkpoint is the last good one."""
-    if int(os.environ.get("RANK", "0")) != 0:
-        return
+    """Say why the run stopped and which checkpoint is the last good one (`failure.record_failure`)."""
     folder = run_dir / config.checkpoint.folder
     steps = complete_steps(folder) if config.checkpoint.enable else []
-    failure = {
-        "error": f"{type(error).__name__}: {error}",
-        "last_checkpoint": str(folder / f"step-{steps[-1]}") if steps else None,
-    }
-    (run_dir / FAILURE_FILE).write_text(json.dumps(failure, indent=2) + "\n")
-    print(f"[qwen3-neuron] training failed: {failure['error']} Last good checkpoint: "
-          f"{failure['last_checkpoint'] or 'none'}.", file=sys.stderr, flush=True)
+    record_failure(run_dir, error, str(folder / f"step-{steps[-1]}") if steps else None)
 
 
 if __name__ == "__main__":

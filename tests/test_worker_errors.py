@@ -1,0 +1,61 @@
+"""What the launcher says when the workers stop with an error: the user's mistake any rank found,
+as its sentence and exit 2; a crash as its traceback's last frames and where the whole one is."""
+
+from __future__ import annotations
+
+import pytest
+
+from qwen3_neuron.errors import DataError
+from qwen3_neuron.launch.failure import workers_failed
+from qwen3_neuron.launch.process import LaunchResult
+from qwen3_neuron.worker.failure import record_failure
+
+TORCHRUN_END = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+
+
+def _raised(error: Exception) -> Exception:
+    try:
+        raise error
+    except Exception as caught:
+        return caught
+
+
+def _divide():
+    return 1 / 0
+
+
+def test_a_data_error_any_rank_found_is_said_as_its_sentence_with_exit_2(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    record_failure(tmp_path, _raised(DataError("data source rows.jsonl: none of the 40 rows became a document")), None)
+    monkeypatch.setenv("RANK", "0")  # rank 0's collective, cut short by rank 1's exit: not the cause
+    record_failure(tmp_path, _raised(RuntimeError("Connection closed by peer")), None)
+    failure = workers_failed(tmp_path, LaunchResult(1, None, output_end=TORCHRUN_END), verbose=False)
+    assert (failure.exit_code, failure.message) == (
+        2, "Data error: data source rows.jsonl: none of the 40 rows became a document"
+    )
+
+
+def test_a_crash_shows_its_last_frames_and_where_the_whole_traceback_is(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    try:
+        _divide()
+    except ZeroDivisionError as error:
+        record_failure(tmp_path, error, str(tmp_path / "checkpoint" / "step-4"))
+    monkeypatch.setenv("RANK", "1")
+    record_failure(tmp_path, _raised(KeyError("not rank 0's")), None)  # rank 0 speaks for a crash
+    failure = workers_failed(tmp_path, LaunchResult(1, None, output_end=TORCHRUN_END), verbose=False)
+    lines = failure.message.splitlines()
+    assert failure.exit_code == 1
+    assert lines[0] == "[qwen3-neuron] the job failed: rank 0 raised ZeroDivisionError: division by zero"
+    assert lines[-2:] == [
+        "ZeroDivisionError: division by zero",
+        f"[qwen3-neuron] the whole traceback, and torchrun's report: {tmp_path / 'train.log'}",
+    ]  # fmt: skip
+    assert any("in _divide" in line for line in lines) and "    return 1 / 0" in lines
+    assert TORCHRUN_END.strip() not in failure.message
+
+
+@pytest.mark.parametrize("verbose, shown", [(False, TORCHRUN_END.strip()), (True, "its output is above")])
+def test_without_a_record_the_end_of_train_log_is_shown_unless_it_is_on_screen(tmp_path, verbose, shown):
+    failure = workers_failed(tmp_path, LaunchResult(-9, None, output_end=TORCHRUN_END), verbose=verbose)
+    assert failure.exit_code == -9 and shown in failure.message and str(tmp_path / "train.log") in failure.message
