@@ -7,7 +7,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from qwen3_neuron.launch.hydra_setup import experiment_without_plus, register
+from qwen3_neuron.launch.hydra_setup import command_line_mistake, experiment_without_plus, register
 from qwen3_neuron.process_exit import exit_without_teardown
 from qwen3_neuron.report.outcome import SweepEnded, launch_exit_code
 
@@ -34,4 +34,8 @@ def main() -> int:
 if __name__ == "__main__":
     register()  # torchtitan's sections and the project's resolvers, before Hydra composes
     sys.argv = experiment_without_plus(sys.argv)
+    mistake = command_line_mistake(sys.argv[1:])  # before Hydra answers it with its own advice
+    if mistake:
+        print(f"Config error: {mistake}", file=sys.stderr)
+        exit_without_teardown(2)
     exit_without_teardown(main())

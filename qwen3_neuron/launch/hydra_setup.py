@@ -13,6 +13,9 @@
   conversations' own, only while the training rows are the bundled ones and no
   `data.val_fraction` is set: a user's own data is validated on what they name, never on ours.
 - the `${resume_or:...}` resolver: the run dir is `run.resume` when resuming, else a new one.
+- `command_line_mistake`: what Hydra would refuse on the command line with its own advice (a
+  misspelled section, `+key` to add it; an unknown option inside a list of group options, without
+  the options), said in the project's words instead.
 - the `${new_run_only:...}` resolver: Hydra writes its record of a launch (`.hydra/`) for a new
   run only. A resume, refused or not, or a launch into a run dir that has a record already (one
   refused because another launch owns the dir too: Hydra writes before the job can look) leaves
@@ -23,13 +26,16 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.types import ChoiceSweep, OverrideType
 from omegaconf import OmegaConf
 
 from qwen3_neuron.assets import build as assets
-from qwen3_neuron.config.settings import SECTIONS, HFSettings, RunSettings
+from qwen3_neuron.config.fields import unknown_key_message
+from qwen3_neuron.config.settings import FRAMEWORK_OWNED, SECTIONS, HFSettings, RunSettings
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -53,6 +59,50 @@ def experiment_without_plus(argv: list[str]) -> list[str]:
     """`+experiment=NAME` (the form before `experiment` was in the defaults list) as
     `experiment=NAME`: Hydra refuses to add a group the defaults list already has."""
     return [arg[1:] if arg.startswith("+experiment=") else arg for arg in argv]
+
+
+def command_line_mistake(args: list[str]) -> str | None:
+    """The first override Hydra would refuse for a misspelling: a top-level key no section or
+    group has (`trainig.steps=3`; `+key=...` adds one on purpose), or a group option that is not
+    there (`'checkpointing=[from_hf,exporthf]'`, `data=chats`). None when there is none, or when
+    Hydra's grammar refuses the line first (Hydra says why)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
+    except HydraException:
+        return None
+    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+    for override in overrides:
+        key = override.key_or_group
+        if override.type != OverrideType.CHANGE or override.package is not None or key.startswith("hydra"):
+            continue
+        if key in groups:
+            options = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
+            for name in _option_names(override.value()):
+                if name not in options:
+                    close = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+                    hint = f" Did you mean '{close[0]}'?" if close else ""
+                    return f"{key}={name}: no such option.{hint} The options of {key}: {', '.join(options)}."
+            continue
+        top = key.split(".")[0]
+        if top in FRAMEWORK_OWNED:
+            return f"'{top}' is set by the framework; set {FRAMEWORK_OWNED[top]} instead."
+        own = OmegaConf.load(CONF_DIR / "config.yaml")  # its top-level keys: hf_assets_path
+        valid = {*TRAINER_SECTIONS, *SECTIONS, *groups, *(k for k in own if k != "defaults")}
+        if top not in valid:
+            return unknown_key_message(top, top, valid)
+    return None
+
+
+def _option_names(value) -> list[str]:
+    """The option names a group override picks: one, a list of them, or a sweep over either."""
+    if isinstance(value, ChoiceSweep):
+        return [name for item in value.list for name in _option_names(item)]
+    if isinstance(value, list):
+        return [name for item in value for name in _option_names(item)]
+    return [value] if isinstance(value, str) else []  # null, or a value Hydra itself refuses
 
 
 def register_resolvers() -> None:
