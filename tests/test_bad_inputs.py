@@ -150,6 +150,13 @@ PLAN_TIME = [
 ]  # fmt: skip
 
 
+def test_an_override_meant_for_other_models_passes_the_plan_with_kernels_allow_unused(tmp_path, assets):
+    overrides = ["kernels.overrides=[qwen3_neuron.kernels.moe.blockwise.blockwise_experts]", "kernels.allow_unused=true"]
+    plan = make_plan(compose_job(*overrides), tmp_path / "run")  # no "matches no node" refusal
+    assert [e if isinstance(e, str) else e[0] for e in plan.trainer_config.override.imports].count(BLOCKWISE) == 1
+    assert not [line for line in plan.replacements if BLOCKWISE in line]  # it replaced nothing, as allowed
+
+
 @pytest.fixture(scope="session")
 def bad_data(assets):
     """The files the data rows name, in the session's cache dir."""

@@ -5,14 +5,17 @@ plan said. (The runs that write these records: tests/test_moe_training.py, test_
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
+import pytest
 import torch
 from torchtitan.models.common.moe import GroupedExperts
 
+from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.kernels.moe.blockwise import blockwise_experts
 from qwen3_neuron.report.summary import summarize, summary_lines
 from qwen3_neuron.run_dir import write_what_ran
-from qwen3_neuron.worker.what_ran import attention_classes, replaced_modules
+from qwen3_neuron.worker.what_ran import attention_classes, check_overrides_replaced, replaced_modules
 
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 MY_EXPERTS = "examples.my_moe.my_experts"
@@ -26,6 +29,19 @@ def test_an_override_is_credited_with_the_modules_of_its_own_classes_only():
         BLOCKWISE: {"swapped": "qwen3_neuron.kernels.moe.blockwise.BlockwiseGroupedExperts"},
         MY_EXPERTS: {},  # configured, but none of its modules is in this model
     }
+
+
+def test_a_users_override_that_replaced_no_module_stops_the_run_before_the_first_step():
+    config = GroupedExperts.Config(dim=16, hidden_dim=16, num_experts=2)
+    trainer = SimpleNamespace(model_parts=[torch.nn.ModuleDict({"experts": blockwise_experts(config).build()})])
+    check_overrides_replaced(trainer, [BLOCKWISE])  # its classes are in the model
+    with pytest.raises(ConfigError) as error:
+        check_overrides_replaced(trainer, [BLOCKWISE, MY_EXPERTS])
+    assert str(error.value) == (
+        "kernels.overrides: 'examples.my_moe.my_experts' replaced nothing: no module of the built model is of a "
+        "class defined in examples.my_moe (where its @override's classes live). Check what its factory returns; "
+        "for an override meant for other models, set kernels.allow_unused=true."
+    )
 
 
 def test_attention_is_read_from_each_layers_inner_attention():

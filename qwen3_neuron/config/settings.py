@@ -63,6 +63,12 @@ class KernelSettings:
     overrides: list[str] = field(default_factory=list)
     """A user's own extra `module.function` @override factories, same flow."""
 
+    allow_unused: bool = False
+    """Let a `kernels.overrides` entry replace nothing (one meant for other models). Otherwise the
+    plan refuses one that matches no node of the config, and the workers, once the model is
+    built, one whose classes no module of it has (not checked with pipeline parallelism: a
+    stage holds only some layers)."""
+
     devices: list[str] = field(default_factory=lambda: ["cpu", "cuda", "neuron"])
     """Devices the factories run on; the plan refuses others."""
 

@@ -286,19 +286,25 @@ def _check_like_the_trainer(config, world_size, settings, model_dir, missing, no
     backend_note = None if missing else layout.spmd_backend_note(parallel_dims, trial.parallelism)
     notes.extend([backend_note] if backend_note else [])
     try:
-        return _check_overrides(trial), []
+        return _check_overrides(trial, _may_replace_nothing(settings)), []
     except ConfigError as e:
         if not (missing and _needs_the_device(e)):
             raise
         # the kernels need the absent device to load: check everything else, say so
         notes.append(f"kernels.factories not applied in this dry run: {e}")
-        return _check_overrides(_without_kernel_factories(trial, settings)), list(settings.kernels.factories)
+        trial = _without_kernel_factories(trial, settings)
+        return _check_overrides(trial, _may_replace_nothing(settings)), list(settings.kernels.factories)
 
 
-def _check_overrides(config: Trainer.Config) -> list[str]:
+def _may_replace_nothing(settings: Settings) -> frozenset[str]:
+    kernels = settings.kernels
+    return frozenset(kernels.overrides if kernels.allow_unused else ())
+
+
+def _check_overrides(config: Trainer.Config, may_replace_nothing: frozenset[str]) -> list[str]:
     """Apply the override imports to a copy of the config, as the trainer will: a target that
-    does not import, names no @override or replaces nothing fails here, named. Then the
-    trainer's next check, `_validate_cuda_graphs`, on the result."""
+    does not import, names no @override or replaces nothing (unless `may_replace_nothing`)
+    fails here, named. Then the trainer's next check, `_validate_cuda_graphs`, on the result."""
     trial = copy.deepcopy(config)
     try:
         replacements = apply_overrides(trial.override, trial)
@@ -311,10 +317,13 @@ def _check_overrides(config: Trainer.Config) -> list[str]:
         raise ConfigError(f"override.imports: {e}{hint}") from e
     for entry in config.override.imports:
         target = entry if isinstance(entry, str) else entry[0]
+        if target in may_replace_nothing:
+            continue
         if not any(line.startswith(f"[Override] {target}:") for line in replacements):
             raise ConfigError(
                 f"override '{target}' matches no node of this model ({config.model_spec.flavor}): "
-                "check its @override target class and fqns."
+                "check its @override target class and fqns (kernels.allow_unused=true for an override "
+                "meant for other models)."
             )
     try:
         trial._validate_cuda_graphs()

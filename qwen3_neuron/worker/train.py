@@ -59,7 +59,7 @@ def main(run_dir: Path) -> None:
         from qwen3_neuron.hf_io.export import exports_hf
         from qwen3_neuron.trainer_config.build import build_trainer_config
         from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
-        from qwen3_neuron.worker.what_ran import record_what_ran
+        from qwen3_neuron.worker.what_ran import check_overrides_replaced, record_what_ran
     except ImportError:
         if handoff:  # a torchtitan lacking an API: local rank 0's plan names it, and this rank exits then
             handoff.wait_for_go(run_dir)
@@ -90,6 +90,9 @@ def main(run_dir: Path) -> None:
     exports = exports_hf(config)
     try:
         trainer = config.build()
+        kernels = settings.kernels
+        if kernels.overrides and not kernels.allow_unused and config.parallelism.pipeline_parallel_degree == 1:
+            check_overrides_replaced(trainer, kernels.overrides)  # every rank, before the first step
         if lora and settings.finetune.dropout:
             seed_each_step(trainer)  # a resumed run draws the masks the uninterrupted one drew
         if settings.data.kind == "preference":

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.run_dir import write_what_ran
 
 _HF_BACKEND_MODEL = "torchtitan.experiments.transformers_modeling_backend.model"
@@ -32,16 +33,35 @@ _MAX_REASONS = 5  # recompile reasons kept per rank: the first few say what chan
 
 def record_what_ran(trainer, config, run_dir: Path) -> dict[str, Any]:
     """Write this rank's record (after training: the compile counters are final)."""
-    modules = [(fqn, module) for part in trainer.model_parts for fqn, module in part.named_modules()]
-    # the trainer's own components (metrics, loss, dataloader, ...): overrides may replace those too
-    components = [(f"trainer.{name}", value) for name, value in vars(trainer).items()]
+    modules = _model_modules(trainer)
     record = {
-        "overrides": replaced_modules(modules + components, config.override.imports),
+        "overrides": replaced_modules(modules + _components(trainer), config.override.imports),
         "attention": attention_classes(modules),
         "compiled": compile_record(config.compile.backend) if config.compile.enable else None,
     }
     write_what_ran(run_dir, int(os.environ.get("RANK", "0")), record)
     return record
+
+
+def check_overrides_replaced(trainer, overrides: list[str]) -> None:
+    """Once the model is built, before the first step: refuse (ConfigError) an override of
+    `kernels.overrides` whose classes no module of this rank's model or trainer has."""
+    for target, replaced in replaced_modules(_model_modules(trainer) + _components(trainer), overrides).items():
+        if not replaced:
+            raise ConfigError(
+                f"kernels.overrides: '{target}' replaced nothing: no module of the built model is of a class "
+                f"defined in {target.rpartition('.')[0]} (where its @override's classes live). Check what its "
+                "factory returns; for an override meant for other models, set kernels.allow_unused=true."
+            )
+
+
+def _model_modules(trainer) -> list[tuple[str, Any]]:
+    return [(fqn, module) for part in trainer.model_parts for fqn, module in part.named_modules()]
+
+
+def _components(trainer) -> list[tuple[str, Any]]:
+    """The trainer's own components (metrics, loss, dataloader, ...): overrides may replace those too."""
+    return [(f"trainer.{name}", value) for name, value in vars(trainer).items()]
 
 
 def class_path(cls: type) -> str:
