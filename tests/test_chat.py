@@ -243,3 +243,28 @@ def test_resuming_a_completed_run_with_new_eval_keys_evaluates_it_without_traini
         k: v for k, v in before.items() if not k.startswith("eval")
     }  # the training's record as it was
     assert not (run / "train.log").exists() and not (run / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_the_chat_command_refuses_a_device_that_is_not_here_as_the_launcher_does(assets, capsys):
+    import torch
+
+    from qwen3_neuron.hf_io.chat import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main([str(assets.tiny_qwen3_dir), "--device", "cuda", "--prompt", "hi"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: --device cuda is not available: this torch ({torch.__version__}) is a CPU-only build."
+    )
+
+
+def test_a_reply_cut_while_reasoning_prints_no_reasoning_and_says_it_was_cut(capsys):
+    from qwen3_neuron.hf_io.chat import Reply, _print_reply, split_reasoning
+
+    assert split_reasoning("<think>\nfirst,\n\n\n") == ("first,", "")
+    assert _print_reply(Reply("<think>\nfirst,\n\n\n", cut=True), show_reasoning=False, max_new_tokens=128) == ""
+    assert capsys.readouterr() == (
+        "\n", "(cut at --max_new_tokens=128 while still reasoning; raise it for longer replies)\n"
+    )
+    _print_reply(Reply("<think>\n</think>\n\nAnswer: 42.", cut=False), show_reasoning=False, max_new_tokens=128)
+    assert capsys.readouterr() == ("Answer: 42.\n", "")

@@ -13,6 +13,7 @@ import json
 import pytest
 
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.eval.__main__ import _settings as command_line_settings
 from qwen3_neuron.eval.objective import check_objective, check_objective_metric, objective_value
 from qwen3_neuron.eval.run import check_export_planned, evaluate_run
 from qwen3_neuron.eval.settings import EvalSettings
@@ -113,3 +114,10 @@ def test_a_completed_run_resumed_with_new_eval_keys_is_evaluated_only(tmp_path):
     assert rescore_settings(tmp_path, composed, ["run.resume=x", "training.steps=50"]) is None  # trains on, as before
     objective = "eval.tiny_chat_answer.exact_match"
     assert sweep_job_value(summary, objective, stop_on_failure=False) == 0.5
+
+
+def test_the_eval_command_takes_the_group_name_launch_py_takes():
+    settings = command_line_settings(["eval=lm_eval", "eval.tasks=[tiny_chat_answer]"])
+    assert (settings.kind, settings.tasks) == ("lm_eval", ["tiny_chat_answer"])
+    with pytest.raises(ConfigError, match=r"^training.steps=3: only eval.\* keys are read here"):
+        command_line_settings(["training.steps=3"])

@@ -54,7 +54,9 @@ def main(argv: list[str]) -> int:
 
 
 def _settings(overrides: list[str]) -> EvalSettings:
-    """`eval.*` overrides (Hydra's dotted syntax, as on launch.py's command line)."""
+    """`eval.*` overrides (Hydra's dotted syntax, as on launch.py's command line); `eval=lm_eval`,
+    the group option launch.py takes, is what this command does anyway."""
+    overrides = [o for o in overrides if o != "eval=lm_eval"]
     stray = [o for o in overrides if not o.startswith("eval.")]
     if stray:
         raise ConfigError(f"{stray[0]}: only eval.* keys are read here (e.g. eval.tasks=[tiny_chat_answer]).")

@@ -3,7 +3,8 @@
 Loads the dir with Transformers (`AutoTokenizer`, `AutoModelForCausalLM`), renders each turn with
 the dir's own chat template (`apply_chat_template(..., add_generation_prompt=True)`, `--system`
 and `--tools` included) and calls `generate()`: greedy unless `--do_sample`, sampling flags named
-as `generate()` names them. Prints the reply only (its reasoning with `--show_reasoning`).
+as `generate()` names them. Prints the reply only (its reasoning with `--show_reasoning`), and
+says when `--max_new_tokens` cut it (the default is an interactive turn's, not an essay's).
 Without `--prompt` it is an interactive prompt that keeps the conversation (`/reset` clears it,
 `/exit` or Ctrl-D leaves). A run dir resolves to its summary's `export_dir` (`hf_export`).
 
@@ -17,7 +18,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from qwen3_neuron.errors import ExportError
 from qwen3_neuron.hf_io.generation import end_of_turn_token, stop_ids, stop_problem
@@ -25,6 +26,12 @@ from qwen3_neuron.models.hf.model_dir import CONFIG_FILE
 from qwen3_neuron.run_dir import SUMMARY_FILE, read_json
 
 SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty")
+MAX_NEW_TOKENS = 128  # an interactive turn: a few seconds on a CPU for the tiny model, a paragraph for a real one
+
+
+class Reply(NamedTuple):
+    text: str  # special tokens removed
+    cut: bool  # generation stopped at max_new_tokens, not at the end of the turn
 
 
 def model_dir_of(path: Path) -> Path:
@@ -62,8 +69,8 @@ class Chat:
             except ExportError:
                 pass  # no template end of turn to stop at: generation runs to max_new_tokens
 
-    def reply(self, messages: list[dict[str, Any]], tools: list | None = None, **generate_kwargs) -> str:
-        """The generated text of the assistant's next turn, special tokens removed."""
+    def reply(self, messages: list[dict[str, Any]], tools: list | None = None, **generate_kwargs) -> Reply:
+        """The assistant's next turn."""
         import torch
 
         inputs = self.tokenizer.apply_chat_template(
@@ -71,13 +78,17 @@ class Chat:
         ).to(self.device)
         with torch.no_grad():
             output = self.model.generate(**inputs, eos_token_id=self.stop, **generate_kwargs)
-        return self.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        new = output[0, inputs["input_ids"].shape[1]:]
+        cut = len(new) == generate_kwargs.get("max_new_tokens") and int(new[-1]) not in self.stop
+        return Reply(self.tokenizer.decode(new, skip_special_tokens=True), cut)
 
 
 def split_reasoning(text: str) -> tuple[str, str]:
-    """(reasoning, answer) of a reply that opens with a <think> block; ("", text) otherwise."""
+    """(reasoning, answer) of a reply that opens with a <think> block (one cut before its end:
+    all reasoning); ("", text) otherwise."""
     if "</think>" not in text:
-        return "", text.strip()
+        opened = text.lstrip().startswith("<think>")
+        return (text.replace("<think>", "", 1).strip(), "") if opened else ("", text.strip())
     reasoning, answer = text.split("</think>", 1)
     return reasoning.replace("<think>", "", 1).strip(), answer.strip()
 
@@ -89,12 +100,24 @@ def _generate_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-def _print_reply(text: str, show_reasoning: bool) -> str:
-    reasoning, answer = split_reasoning(text)
+def _print_reply(reply: Reply, show_reasoning: bool, max_new_tokens: int) -> str:
+    reasoning, answer = split_reasoning(reply.text)
     if show_reasoning and reasoning:
         print(f"<think>\n{reasoning}\n</think>")
     print(answer, flush=True)
+    if reply.cut:
+        during = " while still reasoning" if reasoning and not answer else ""
+        print(f"(cut at --max_new_tokens={max_new_tokens}{during}; raise it for longer replies)", file=sys.stderr)
     return answer
+
+
+def device_problem(device: str) -> str | None:
+    """Why `--device` cannot run here, as the launcher's device=... says it; None when it can (or
+    torch is left to judge a device type the framework does not know)."""
+    from qwen3_neuron.devices.policy import DEVICE_TYPES, unavailable_reason
+
+    kind = device.split(":")[0]
+    return unavailable_reason(kind) if kind in DEVICE_TYPES else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--system", help="a system message before the conversation")
     parser.add_argument("--tools", type=Path, help="a JSON file holding a list of tool schemas")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when there is one, else cpu)")
-    parser.add_argument("--max_new_tokens", type=int, default=256)
+    parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="the most tokens of one reply")
     parser.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
     for name in SAMPLING:
         parser.add_argument(f"--{name}", type=float if name != "top_k" else int, help="with --do_sample")
@@ -115,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         tools = json.loads(args.tools.read_text()) if args.tools else None
         if tools is not None and not isinstance(tools, list):
             raise ValueError(f"--tools {args.tools}: expected a JSON list of tool schemas")
+        problem = device_problem(args.device) if args.device else None
+        if problem:
+            raise ValueError(f"--device {args.device} is not available: {problem}")
         chat = Chat(model_dir, args.device)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -123,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     generate_kwargs = _generate_kwargs(args)
     if args.prompt is not None:
         _print_reply(chat.reply([*history, {"role": "user", "content": args.prompt}], tools, **generate_kwargs),
-                     args.show_reasoning)  # fmt: skip
+                     args.show_reasoning, args.max_new_tokens)  # fmt: skip
         return 0
     conversation = list(history)
     print(f"chatting with {model_dir} on {chat.device} (/reset clears the conversation, /exit or Ctrl-D leaves)")
@@ -139,5 +165,5 @@ def main(argv: list[str] | None = None) -> int:
             conversation = list(history)
             continue
         conversation.append({"role": "user", "content": text})
-        answer = _print_reply(chat.reply(conversation, tools, **generate_kwargs), args.show_reasoning)
+        answer = _print_reply(chat.reply(conversation, tools, **generate_kwargs), args.show_reasoning, args.max_new_tokens)
         conversation.append({"role": "assistant", "content": answer})
