@@ -2,6 +2,7 @@
 `-m optimizer.lr=1e-3,3e-4`, `run.dry_run=true`) in this process only; the job does the rest
 (torchrun's workers rebuild its config from the run dir). Exits with the jobs' outcome."""
 
+import os
 import sys
 
 import hydra
@@ -32,6 +33,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if not sys.stderr.isatty():
+        os.environ.setdefault("NO_COLOR", "1")  # no colour codes in a log file or a pipe (Optuna's colorlog reads it)
     register()  # torchtitan's sections and the project's resolvers, before Hydra composes
     sys.argv = experiment_without_plus(sys.argv)
     mistake = command_line_mistake(sys.argv[1:])  # before Hydra answers it with its own advice

@@ -414,7 +414,7 @@ def test_the_progress_line_shows_the_last_validation_loss(tmp_path):
              {"step": 2, "loss": 7.0, "elapsed_seconds": 2.0}]  # fmt: skip
     metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert progress._poll()
-    assert progress.line().startswith("[qwen3-neuron]  step 2/4  loss 7.0000  val 7.2500")
+    assert progress.line().startswith("[qwen3-neuron]  step 2/4  loss 7.0000  val 7.2500 (step 1)  ")
 
 
 def test_a_mix_interleaves_text_and_chat_sources_by_weight(tmp_path, tokenizer, assets):

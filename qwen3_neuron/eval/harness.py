@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,10 @@ def evaluate(
     """Run `settings.tasks` on `model_dir` (with the PEFT adapter `adapter_dir` on top, if any)
     on `device`; write lm-eval's results into `out_dir`; return {task: {metric: value}}."""
     import lm_eval
+    import lm_eval.evaluator
     from lm_eval.utils import handle_non_serializable
+
+    lm_eval.evaluator.get_git_commit_hash = _git_commit_hash
 
     model_args: dict[str, Any] = {"pretrained": str(model_dir), "dtype": "auto"}
     if adapter_dir is not None:
@@ -38,6 +43,17 @@ def evaluate(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
     return headline_metrics(results, settings.tasks)
+
+
+def _git_commit_hash() -> str | None:
+    """What lm-eval records as the working dir's git commit, found as lm-eval finds it, but with
+    git's own complaint outside a repository (`fatal: not a git repository`) kept off the console."""
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return get_commit_from_path(os.getcwd())
 
 
 def headline_metrics(results: dict[str, Any], tasks: list[str]) -> dict[str, dict[str, float]]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -275,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--atol", type=float, default=LOGITS_ATOL, help="adapter dir: logit tolerance")
     args = parser.parse_args(argv)
+    _quiet_libraries()
     try:
         if (args.model_dir / ADAPTER_CONFIG_FILE).is_file():
             beside = args.model_dir.parent / MERGED_BESIDE
@@ -287,6 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print("\n".join(report.lines()))
     return 0 if report.ok else 1
+
+
+def _quiet_libraries() -> None:
+    """The report is the output: no loading progress bars, and not the deprecation PEFT's loading
+    triggers inside Transformers (a user can do nothing about it)."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 if __name__ == "__main__":

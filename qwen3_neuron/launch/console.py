@@ -4,13 +4,17 @@ information lines (the plan's `[Override]` list, tokenizer loading, ...) only wi
 
 A plan made here (dry run, `run.show_data`) builds the config more than once, and torchtitan
 logs its findings each time; its INFO lines go through the root logger, as Hydra's own lines
-do not.
+do not. A warning no user can act on (`NOT_ACTIONABLE`) goes to `launch.log` only.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
+
+# torchtitan's base configs keep initial_load_model_only=True beside no initial_load_path, and its
+# checkpoint config warns of it each time one is made
+NOT_ACTIONABLE = ("initial_load_model_only=True has no effect without an initial_load_path.",)
 
 
 class _Quiet(logging.Filter):
@@ -23,7 +27,7 @@ class _Quiet(logging.Filter):
         if not self.verbose and record.name == "root" and record.levelno < logging.WARNING:
             return False
         key = (record.levelno, record.getMessage())
-        if key in self.seen:
+        if key[1] in NOT_ACTIONABLE or key in self.seen:
             return False
         self.seen.add(key)
         return True

@@ -1,8 +1,8 @@
 """Live progress of one job in the launcher's terminal, read from rank 0's `metrics.jsonl`.
 
-    [qwen3-neuron] #2 model=moe  step 3/5  loss 7.2871  val 7.3012  tok/s 1,234  mfu 1.20%  ETA 0:00:04
+    [qwen3-neuron] #2 model=moe  step 3/5  loss 7.2871  val 7.3012 (step 2)  tok/s 1,234  mfu 1.20%  ETA 0:00:04
 
-(`val`: the last validation loss, when the run validates.)
+(`val`: the last validation loss and the step it was measured at, when the run validates.)
 
 A thread polls the file (every 0.5 s) while torchrun runs. On a terminal the line is rewritten in
 place (`\\r`); otherwise (a pipe, a CI log) one plain line is printed per logged step, once the
@@ -42,7 +42,7 @@ class Progress:
         self._pending = b""  # a line the writer has not finished yet
         self._first: dict[str, Any] | None = None
         self._last: dict[str, Any] | None = None
-        self._val_loss: float | None = None  # the last validation's
+        self._validation: tuple[int, float] | None = None  # the last validation's step and loss
         self._unprinted = False  # not on a terminal: the last step's line is still to print
         self._start = time.monotonic()
         self._stop = threading.Event()
@@ -99,7 +99,7 @@ class Progress:
                 continue
         for record in records:  # in the order logged: a step's validation follows its training record
             if "val_loss" in record:
-                self._val_loss = record["val_loss"]
+                self._validation = record["step"], record["val_loss"]
             if "loss" in record:  # a training step: the one before it is complete
                 if self._unprinted:
                     self._emit(self.line())
@@ -113,8 +113,8 @@ class Progress:
         if last is None:
             return f"{PREFIX}{label}  starting ({_clock(time.monotonic() - self._start)})"
         parts = [f"step {last['step']}/{self._total}", f"loss {last.get('loss', float('nan')):.4f}"]
-        if self._val_loss is not None:
-            parts.append(f"val {self._val_loss:.4f}")
+        if self._validation is not None:
+            parts.append(f"val {self._validation[1]:.4f} (step {self._validation[0]})")
         if last.get("reward_accuracy") is not None:  # data=preference
             parts.append(f"acc {last['reward_accuracy']:.2f}  margin {last['reward_margin']:.3f}")
         if last.get("tokens_per_second") is not None:
