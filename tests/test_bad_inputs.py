@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
-from conftest import SESSION_CACHE, compose_job, launch, processes_mentioning
+import torch
+from conftest import REPO, SESSION_CACHE, compose_job, launch, processes_mentioning
 
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.planning.plan import make_plan
@@ -223,9 +226,9 @@ def test_bad_input_fails_at_plan_time_naming_the_key(tmp_path, assets, bad_data,
 # too); or, the training.steps=0 row, by the plan in torchrun's local rank 0, which stops every worker and removes
 # what torchrun wrote. Either way, checked through launch.py, whose process never imports torchtitan.
 LAUNCH_TIME = [
-    (["model=nativ"], ["model/nativ", "native"]),
-    (["experiment=cpu_qwen3_tiny"], ["experiment/cpu_qwen3_tiny", "cpu_qwen3_tiny_native"]),
-    (["device=tpu"], ["device/tpu", "cpu"]),
+    (["model=nativ"], ["model=nativ: no such option", "native"]),
+    (["experiment=cpu_qwen3_tiny"], ["experiment=cpu_qwen3_tiny: no such option", "cpu_qwen3_tiny_native"]),
+    (["device=tpu"], ["device=tpu: no such option", "cpu"]),
     (["data=text", "data.files=/nonexistent/corpus.jsonl"], ["data.files: '/nonexistent/corpus.jsonl' does not exist"]),
     (["data=chat", "data.files=/nonexistent/*.jsonl"], ["data.files: '/nonexistent/*.jsonl' matches no file"]),
     (["kernels=blockwise"], ["kernels=blockwise replaces the experts", "use model=moe"]),
@@ -255,6 +258,52 @@ def test_bad_input_on_the_command_line_exits_non_zero_and_writes_nothing(
     assert result.returncode == 2, result.stderr[-2000:]  # a config mistake, Hydra's own included
     for text in expected:
         assert text in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
     assert not run_dir.exists()
     assert processes_mentioning(str(run_dir)) == []
     assert " torchtitan.trainer\n" not in result.stderr
+
+
+# Every mistake answered in one sentence, from the launcher, the workers and the commands alike:
+# (command, exit code, the console's exact first line on stderr). "{x}" fills in below.
+TOPLEVEL = ("activation_checkpoint, checkpoint, checkpointing, comm, compile, data, dataloader, debug, device, eval, "
+            "experiment, finetune, hf, hf_assets_path, hydra, kernels, loss, lr_scheduler, metrics, model, optimizer, "
+            "override, parallelism, preference, profiler, run, tokenizer, training, validator")  # fmt: skip
+ANSWERS = [
+    (["launch.py", "optimizer.lr=fast"], 2, "Config error: Wrong type for 'optimizer.lr': expected float, got str 'fast'."),
+    (["launch.py", "optimizer.weight_decay=abc", "run.dry_run=true"], 2,
+     "Config error: Wrong type for 'optimizer.weight_decay': expected float, got str 'abc'."),
+    (["launch.py", "training.steps=ten"], 2, "Config error: Wrong type for 'training.steps': expected int, got str 'ten'."),
+    (["launch.py", "trainig.steps=3"], 2,
+     f"Config error: Unknown config key 'trainig'. Did you mean 'training'? Valid keys here: {TOPLEVEL}."),
+    (["launch.py", "checkpointing=[from_hf,exporthf]"], 2, "Config error: checkpointing=exporthf: no such option. Did "
+                                                          "you mean 'export_hf'? The options of checkpointing: export_hf, from_hf, none, periodic."),
+    (["launch.py", "data=chats"], 2, "Config error: data=chats: no such option. Did you mean 'chat'? "
+                                     "The options of data: c4, chat, mix, preference, text, tiny."),
+    (["launch.py", "device=cuda"], 2, "Config error: device.type=cuda: device=cuda is not available: this torch "
+                                      "({torch}) is a CPU-only build. Install a CUDA build, e.g. `pip install torch "
+                                      "--index-url https://download.pytorch.org/whl/cu128`, on a machine with an NVIDIA GPU."),
+    (["-m", "qwen3_neuron.chat", "{tiny_dir}", "--device", "cuda"], 2,
+     "error: --device cuda is not available: this torch ({torch}) is a CPU-only build. Install a CUDA build, e.g. "
+     "`pip install torch --index-url https://download.pytorch.org/whl/cu128`, on a machine with an NVIDIA GPU."),
+    # found by a worker while it reads the data: carried back as its sentence (one rank: the same every time)
+    (["launch.py", "data=chat", "data.overlong=drop", "training.seq_len=32", "run.nproc_per_node=1"], 2,
+     "Data error: data source {chat_file}: none of the 273 rows of rank 0 became a document (counts: {{'rows': 273, "
+     "'documents': 0, 'truncated': 0, 'dropped': 273, 'split': 0, 'skipped': 0, 'tokens': 0, 'label_tokens': 0, "
+     "'padding_tokens': 0}}); raise training.seq_len or see data.overlong"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command, exit_code, first_line", ANSWERS, ids=[" ".join(c) for c, _, _ in ANSWERS])
+def test_each_mistake_is_answered_in_one_sentence_without_a_traceback(tmp_path, assets, command, exit_code, first_line):
+    if "cuda" in " ".join(command) and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    fill = {"torch": torch.__version__, "tiny_dir": assets.tiny_qwen3_dir, "chat_file": assets.chat_train_file}
+    command = [part.format(**fill) for part in command]
+    if command[0] == "launch.py":
+        result = launch(tmp_path / "run", *command[1:], timeout=600)
+    else:
+        result = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == exit_code, result.stderr[-3000:]
+    assert result.stderr.splitlines()[0] == first_line.format(**fill)
+    assert "Traceback" not in result.stdout + result.stderr
