@@ -165,5 +165,6 @@ def main(argv: list[str] | None = None) -> int:
             conversation = list(history)
             continue
         conversation.append({"role": "user", "content": text})
-        answer = _print_reply(chat.reply(conversation, tools, **generate_kwargs), args.show_reasoning, args.max_new_tokens)
+        reply = chat.reply(conversation, tools, **generate_kwargs)
+        answer = _print_reply(reply, args.show_reasoning, args.max_new_tokens)
         conversation.append({"role": "assistant", "content": answer})
