@@ -288,8 +288,8 @@ ANSWERS = [
      "`pip install torch --index-url https://download.pytorch.org/whl/cu128`, on a machine with an NVIDIA GPU."),
     # found by a worker while it reads the data: carried back as its sentence (one rank: the same every time)
     (["launch.py", "data=chat", "data.overlong=drop", "training.seq_len=32", "run.nproc_per_node=1"], 2,
-     "Data error: data source {chat_file}: none of the 273 rows of rank 0 became a document (counts: {{'rows': 273, "
-     "'documents': 0, 'truncated': 0, 'dropped': 273, 'split': 0, 'skipped': 0, 'tokens': 0, 'label_tokens': 0, "
+     "Data error: data source {chat_file}: none of the 545 rows of rank 0 became a document (counts: {{'rows': 545, "
+     "'documents': 0, 'truncated': 0, 'dropped': 545, 'split': 0, 'skipped': 0, 'tokens': 0, 'label_tokens': 0, "
      "'padding_tokens': 0}}); raise training.seq_len or see data.overlong"),
 ]  # fmt: skip
 
