@@ -3,7 +3,10 @@ as its sentence and exit 2; a crash as its traceback's last frames and where the
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from conftest import REPO, launch
 
 from qwen3_neuron.errors import DataError
 from qwen3_neuron.launch.failure import workers_failed
@@ -59,3 +62,19 @@ def test_a_crash_shows_its_last_frames_and_where_the_whole_traceback_is(tmp_path
 def test_without_a_record_the_end_of_train_log_is_shown_unless_it_is_on_screen(tmp_path, verbose, shown):
     failure = workers_failed(tmp_path, LaunchResult(-9, None, output_end=TORCHRUN_END), verbose=verbose)
     assert failure.exit_code == -9 and shown in failure.message and str(tmp_path / "train.log") in failure.message
+
+
+def test_a_crash_while_planning_shows_its_end_and_keeps_train_log_where_the_message_points(tmp_path, assets):
+    """A genuine bug (here: a user's override module that raises on import) is not a config
+    mistake: exit 1, its last frames, and the whole traceback in the train.log it names."""
+    (tmp_path / "broken_kernel.py").write_text('raise RuntimeError("this kernel module is broken")\n')
+    run_dir = tmp_path / "run"
+    result = launch(run_dir, "kernels.overrides=[broken_kernel.factory]", timeout=600,
+                    env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])})  # fmt: skip
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert lines[0] == "[qwen3-neuron] the job failed: rank 0 raised RuntimeError: this kernel module is broken"
+    assert lines[-1] == f"[qwen3-neuron] the whole traceback, and torchrun's report: {run_dir / 'train.log'}"
+    assert "Traceback" not in result.stdout + result.stderr
+    log = (run_dir / "train.log").read_text()
+    assert "Traceback (most recent call last)" in log and "ChildFailedError" in log
