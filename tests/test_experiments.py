@@ -18,8 +18,8 @@ from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch.hydra_setup import CONF_DIR, experiment_without_plus
 from qwen3_neuron.models.flavors import moe_dims
-from qwen3_neuron.planning.layout import resolve_degrees
-from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.job.checks.layout import resolve_degrees
+from qwen3_neuron.job.plan import make_plan
 
 NKI = "qwen3_neuron.kernels.moe.nki.nki_experts"
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"

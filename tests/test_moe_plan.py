@@ -5,7 +5,7 @@ from __future__ import annotations
 from conftest import compose_job
 
 from qwen3_neuron.models.flavors import moe_dims
-from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.job.plan import make_plan
 
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 

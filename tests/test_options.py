@@ -10,8 +10,8 @@ from conftest import compose_job
 
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch.hydra_setup import CONF_DIR
-from qwen3_neuron.planning.layout import _schedules_take_microbatch_lists
-from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.job.checks.layout import _schedules_take_microbatch_lists
+from qwen3_neuron.job.plan import make_plan
 
 TINY_HF = "${assets:tiny_qwen3_dir}"
 CHATS = "data.files=${assets:chat_train_file}"

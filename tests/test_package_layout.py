@@ -60,7 +60,7 @@ def test_the_workers_never_reach_the_launcher_side_or_hydra():
 
 @pytest.mark.parametrize(
     "subpackage",
-    ["config", "planning", "trainer_config", "models", "data", "devices", "kernels", "hf_io", "assets", "finetune"],
+    ["job", "models", "data", "devices", "kernels", "hf_io", "assets", "finetune"],
 )
 def test_lower_layers_never_import_launch_worker_or_report(subpackage):
     assert _ours(_reachable(f"qwen3_neuron.{subpackage}"), "launch", "worker", "report") == []
@@ -74,7 +74,7 @@ def test_the_shared_contract_imports_nothing_of_the_project(module):
 def test_finetune_sits_below_the_config_stage():
     """config builds the LoRA spec from finetune, hf_io exports its format: never the other way."""
     reached = _reachable("qwen3_neuron.finetune")
-    assert _ours(reached, "config", "planning", "trainer_config", "hf_io") == []
+    assert _ours(reached, "job", "hf_io") == []
 
 
 def test_nothing_imports_the_entrypoint():
@@ -82,8 +82,8 @@ def test_nothing_imports_the_entrypoint():
 
 
 def test_data_is_reachable_from_both_sides_and_imports_neither():
-    assert "qwen3_neuron.data.loader" in _reachable("qwen3_neuron.trainer_config")  # the plan and the workers build it
-    assert _ours(_reachable("qwen3_neuron.data"), "config", "planning", "trainer_config", "launch", "worker", "report") == []
+    assert "qwen3_neuron.data.loader" in _reachable("qwen3_neuron.job.trainer_config")  # the plan and the workers build it
+    assert _ours(_reachable("qwen3_neuron.data"), "job", "launch", "worker", "report") == []
 
 
 def test_no_module_of_ours_imports_itself_back():

@@ -22,11 +22,11 @@ import pytest
 import torch
 from conftest import REPO, compose_config, compose_job, launch, read_jsonl
 
-from qwen3_neuron.config.torchrun import torchrun_args
+from qwen3_neuron.job.torchrun import torchrun_args
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.planning.layout import _fsdp_takes_spmd_types, _schedules_take_microbatch_lists, resolve_degrees
-from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.job.checks.layout import _fsdp_takes_spmd_types, _schedules_take_microbatch_lists, resolve_degrees
+from qwen3_neuron.job.plan import make_plan
 
 OLD_TORCH_FSDP = not _fsdp_takes_spmd_types()  # torch < 2.14: TP/CP/EP need partial_dtensor
 OLD_TORCH_PP = not _schedules_take_microbatch_lists()  # torch < 2.14: torchtitan's PP cannot run

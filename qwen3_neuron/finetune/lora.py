@@ -40,7 +40,7 @@ from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.names import ADAPTER_MODULES, HF_PROJECTIONS
 from qwen3_neuron.models.hf import HF_BACKEND_NAME
 
-# `finetune` below is the plan's `finetune` section (config.settings.FinetuneSettings): read by
+# `finetune` below is the plan's `finetune` section (job.settings.FinetuneSettings): read by
 # attribute, never imported, so that finetune stays below the config stage that builds with it.
 
 # HF projection -> torchtitan module name (last FQN segment), per q/k/v layout.
