@@ -1,5 +1,6 @@
-"""The arrows of the package layout: launch -> config -> models/data/devices/kernels; the workers never
-import the launcher's side or Hydra; the run-dir contract and the errors import nothing of ours.
+"""The arrows of the package layout: launch/worker/report -> job -> models/data/finetune/devices/...
+-> the ground floor, never back up; the workers never import the launcher's side or Hydra; the
+run-dir contract and the errors import nothing of ours.
 
 Read from the source (every import statement, also those inside functions), so a lazy import
 that crosses the boundary is caught as well.
@@ -50,6 +51,43 @@ def _reachable(start: str) -> set[str]:
 def _ours(modules: set[str], *subpackages: str) -> list[str]:
     prefixes = tuple(f"qwen3_neuron.{name}" for name in subpackages)
     return sorted(m for m in modules if m in GRAPH and m.startswith(prefixes))
+
+
+# The floors, top to bottom (DESIGN.md's "Layout"): a module imports ours from its own package or a
+# package on its floor or below, never one on a higher floor.
+FLOORS = [
+    {"launch", "worker", "report", "chat"},  # the launcher, the workers, their reports; entry points
+    {"job"},  # the one job and its plan
+    {"models", "data", "finetune", "devices", "kernels", "hf_io", "eval", "assets"},
+    {"errors", "run_dir", "fields", "process_exit", "hf_backend"},  # both sides share these
+]
+FLOOR = {package: len(FLOORS) - level for level, packages in enumerate(FLOORS) for package in packages}
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_every_module_of_ours_is_on_a_floor():
+    assert sorted({_package(m) for m in GRAPH if m != "qwen3_neuron"} - set(FLOOR)) == []
+
+
+def test_no_import_runs_up_a_floor():
+    upward = [
+        f"{module} -> {imported}"
+        for module, imports in GRAPH.items()
+        if module != "qwen3_neuron"
+        for imported in imports
+        if imported in GRAPH and imported != "qwen3_neuron" and FLOOR[_package(imported)] > FLOOR[_package(module)]
+    ]
+    assert upward == []
+
+
+def test_models_know_no_fine_tuning_and_fine_tuning_wraps_any_model():
+    """LoRA wraps the models (finetune.lora.with_lora); the models import nothing of finetune, and
+    finetune tells a model=hf spec by the backend's name, not by importing models/."""
+    assert _ours(_reachable("qwen3_neuron.models"), "finetune") == []
+    assert _ours(_reachable("qwen3_neuron.finetune"), "models") == []
 
 
 def test_the_workers_never_reach_the_launcher_side_or_hydra():

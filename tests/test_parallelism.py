@@ -25,11 +25,12 @@ from conftest import REPO, compose_config, compose_job, launch, read_jsonl
 from qwen3_neuron.job.torchrun import torchrun_args
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.job.checks.layout import _fsdp_takes_spmd_types, _schedules_take_microbatch_lists, resolve_degrees
+from qwen3_neuron.devices.torch_capabilities import fsdp_takes_spmd_types, schedules_take_microbatch_lists
+from qwen3_neuron.job.checks.layout import resolve_degrees
 from qwen3_neuron.job.plan import make_plan
 
-OLD_TORCH_FSDP = not _fsdp_takes_spmd_types()  # torch < 2.14: TP/CP/EP need partial_dtensor
-OLD_TORCH_PP = not _schedules_take_microbatch_lists()  # torch < 2.14: torchtitan's PP cannot run
+OLD_TORCH_FSDP = not fsdp_takes_spmd_types()  # torch < 2.14: TP/CP/EP need partial_dtensor
+OLD_TORCH_PP = not schedules_take_microbatch_lists()  # torch < 2.14: torchtitan's PP cannot run
 PP_REFUSED = "this torch's pipeline schedules take the whole batch, not torchtitan 0.3.0's microbatch lists"
 MODEL_PARALLEL_BACKEND = ["parallelism.spmd_backend=partial_dtensor"] if OLD_TORCH_FSDP else []
 NEURON_DRY_RUN = ["device=neuron", "run.dry_run=true"]

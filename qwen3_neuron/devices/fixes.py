@@ -21,6 +21,7 @@ from datetime import timedelta
 import torch
 
 from qwen3_neuron.devices.policy import _check_known, _flex_attention_trains_on_cpu
+from qwen3_neuron.devices.torch_capabilities import fsdp_takes_spmd_types
 from qwen3_neuron.errors import DeviceUnavailableError
 
 _HF_BACKEND_MODEL = "torchtitan.experiments.transformers_modeling_backend.model"
@@ -224,9 +225,7 @@ def _use_plain_fsdp_mesh_without_spmd_types_support() -> None:
     (distributed/full_dtensor.py resolve_fsdp_mesh), which torch FSDP handles only once it has
     FSDPParam._resolve_spmd_types_for_storage (torch 2.14). When the storage mesh holds only
     data-parallel axes (no TP/CP), drop the dims: that mesh is then classic 1-D FSDP2 (2-D HSDP)."""
-    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
-
-    if hasattr(FSDPParam, "_resolve_spmd_types_for_storage"):
+    if fsdp_takes_spmd_types():
         return
     from torchtitan.distributed import full_dtensor
 

@@ -22,13 +22,13 @@ from qwen3_neuron.fields import apply_fields, unknown_key_message
 from qwen3_neuron.job.job import Job
 from qwen3_neuron.job.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, SECTIONS, Settings
 from qwen3_neuron.devices import policy as devices
+from qwen3_neuron.devices.torch_capabilities import spmd_backend_for_this_torch
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.checkpoint import lora_checkpoint_config
 from qwen3_neuron.finetune.lora import with_lora
 from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
 from qwen3_neuron.models.hf.model_dir import HFModelDir
 from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec
-from qwen3_neuron.job.checks import layout
 from qwen3_neuron.job.loader_configs import apply_data
 
 # Metrics to metrics.jsonl: swapped in through torchtitan's own override registry.
@@ -63,7 +63,7 @@ def build_trainer_config(job: Job, run_dir: Path) -> Trainer.Config:
         config.training.mixed_precision_param = param_dtype  # float32 on a CPU that emulates bf16
     if "spmd_backend" not in (composed.get("parallelism") or {}) and devices.unavailable_reason(device) is None:
         # TP/CP/EP on a torch whose FSDP cannot take torchtitan's default (< 2.14): the workaround
-        spmd = layout.spmd_backend_for_this_torch(config.parallelism, settings.model.kind)
+        spmd = spmd_backend_for_this_torch(config.parallelism, settings.model.kind)
         config.parallelism.spmd_backend = spmd or config.parallelism.spmd_backend
     config.dump_folder = str(run_dir)
     config.override.imports = [
