@@ -15,8 +15,8 @@ from conftest import compose_config, compose_job, launch
 from qwen3_neuron.job.job import Job
 from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.job.record import write_record
-from qwen3_neuron.run_dir import read_job
 from qwen3_neuron.job.trainer_config import build_trainer_config
+from qwen3_neuron.run_dir import read_job
 
 _opened: list[str] | None = None  # the files opened while a test records, else None
 
@@ -120,8 +120,8 @@ def test_a_plan_parses_the_settings_builds_the_config_and_the_meta_model_once(tm
 
     from qwen3_neuron.job import settings
     from qwen3_neuron.job import plan
-    from qwen3_neuron.job.checks import memory
     from qwen3_neuron.job import trainer_config as build
+    from qwen3_neuron.job.checks import memory
 
     counts = Counter()
 

@@ -10,13 +10,13 @@ import pytest
 from conftest import compose_config, compose_job, launch
 from torchtitan.trainer import Trainer
 
+from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.job import trainer_keys as trainer_keys_module
 from qwen3_neuron.job.job import Job
+from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.job.settings import parse_settings
 from qwen3_neuron.job.trainer_keys import KEYS_FILE, check_trainer_keys, installed_torchtitan, trainer_keys
-from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch.hydra_setup import TRAINER_SECTIONS
-from qwen3_neuron.job.plan import make_plan
 
 
 def plan_for(tmp_path, *overrides):

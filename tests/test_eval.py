@@ -13,9 +13,9 @@ import json
 import pytest
 
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.eval.eval_section import EvalSettings
 from qwen3_neuron.eval.objective import check_objective, check_objective_metric, objective_value
 from qwen3_neuron.eval.run import check_export_planned, evaluate_run
-from qwen3_neuron.eval.eval_section import EvalSettings
 from qwen3_neuron.eval.task_checks import check_tasks, task_manager
 from qwen3_neuron.report.sweep_table import write_report
 

@@ -15,8 +15,6 @@ from conftest import LORA_DROPOUT, compose_config, compose_job, launch, read_jso
 from test_resume import as_of_checkpoint
 from transformers import AutoTokenizer
 
-from qwen3_neuron.job.job import Job
-from qwen3_neuron.job.settings import parse_settings
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.lora import LoRADropoutConverter
 from qwen3_neuron.finetune.peft_format import to_peft
@@ -24,11 +22,13 @@ from qwen3_neuron.finetune.step_seed import seed_each_step
 from qwen3_neuron.hf_io import verify
 from qwen3_neuron.hf_io.adapter_export import write_adapter
 from qwen3_neuron.hf_io.verify import fixed_batch
-from qwen3_neuron.models.tiny import TINY_DENSE, TINY_MOE
 from qwen3_neuron.job.checks.memory import meta_model
+from qwen3_neuron.job.job import Job
 from qwen3_neuron.job.plan import make_plan
-from qwen3_neuron.run_dir import read_job
+from qwen3_neuron.job.settings import parse_settings
 from qwen3_neuron.job.trainer_config import build_trainer_config
+from qwen3_neuron.models.tiny import TINY_DENSE, TINY_MOE
+from qwen3_neuron.run_dir import read_job
 
 RANK, ALPHA = 8, 16.0
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from conftest import compose_job
 
-from qwen3_neuron.models.flavors import moe_dims
 from qwen3_neuron.job.plan import make_plan
+from qwen3_neuron.models.flavors import moe_dims
 
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 

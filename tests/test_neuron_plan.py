@@ -9,8 +9,8 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.job.checks.static_shapes import check_static_shapes
+from qwen3_neuron.job.plan import make_plan
 
 NEURON_COMPILE = ["device=neuron", "run.dry_run=true", "compile.enable=true", "run.nproc_per_node=2"]
 MOE_NKI = ["experiment=trn2_qwen3_moe_nki", "run.dry_run=true"]

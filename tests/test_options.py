@@ -8,10 +8,10 @@ import re
 import pytest
 from conftest import compose_job
 
-from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.launch.hydra_setup import CONF_DIR
 from qwen3_neuron.devices.torch_capabilities import schedules_take_microbatch_lists
+from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.job.plan import make_plan
+from qwen3_neuron.launch.hydra_setup import CONF_DIR
 
 TINY_HF = "${assets:tiny_qwen3_dir}"
 CHATS = "data.files=${assets:chat_train_file}"

@@ -49,7 +49,6 @@ from qwen3_neuron.hf_backend import HF_BACKEND_NAME
 _FUSED_QKV = {"q_proj": "wqkv", "k_proj": "wqkv", "v_proj": "wqkv"}
 _SEPARATE_QKV = {"q_proj": "wq", "k_proj": "wkv", "v_proj": "wkv"}
 _OTHERS = {"o_proj": "wo", "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
-MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 # model=hf: the projections the backend shards rowwise under TP (the rest colwise); LoRALinear
 # derives its adapters' sharding from its base's.
 _HF_ROWWISE = ("o_proj", "down_proj")

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.fields import apply_fields
-from qwen3_neuron.job.settings import PACKED_KINDS, DataSettings
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.data.source import DataSource, SourceFields
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.fields import apply_fields
+from qwen3_neuron.job.settings import PACKED_KINDS, DataSettings
 
 DATA_CACHE_DIR = "data_cache"  # in the run dir: datasets' Arrow cache of local files
 SOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(SourceFields))  # the defaults of each source

@@ -18,18 +18,18 @@ from typing import Any, Mapping
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.fields import apply_fields, unknown_key_message
-from qwen3_neuron.job.job import Job
-from qwen3_neuron.job.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, SECTIONS, Settings
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.devices.torch_capabilities import spmd_backend_for_this_torch
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.fields import apply_fields, unknown_key_message
 from qwen3_neuron.finetune.checkpoint import lora_checkpoint_config
 from qwen3_neuron.finetune.lora import with_lora
+from qwen3_neuron.job.job import Job
+from qwen3_neuron.job.loader_configs import apply_data
+from qwen3_neuron.job.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, SECTIONS, Settings
 from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
 from qwen3_neuron.models.hf.model_dir import HFModelDir
 from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec
-from qwen3_neuron.job.loader_configs import apply_data
 
 # Metrics to metrics.jsonl: swapped in through torchtitan's own override registry.
 METRICS_OVERRIDE = "qwen3_neuron.worker.metrics.run_dir_metrics"

@@ -23,9 +23,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.fields import key_tree, unknown_key_message
 from qwen3_neuron.job.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, PACKED_KINDS, SECTIONS, Settings
-from qwen3_neuron.errors import ConfigError
 
 KEYS_FILE = Path(__file__).with_name("trainer_keys.json")
 

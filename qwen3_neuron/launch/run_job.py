@@ -30,11 +30,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from qwen3_neuron.errors import ConfigError, RunDirInUse
 from qwen3_neuron.job.job import Job
+from qwen3_neuron.job.record import record_plan
 from qwen3_neuron.job.settings import check_settings
 from qwen3_neuron.job.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.job.trainer_keys import check_trainer_keys
-from qwen3_neuron.errors import ConfigError, RunDirInUse
 from qwen3_neuron.launch import slurm
 from qwen3_neuron.launch.console import quiet_console
 from qwen3_neuron.launch.hydra_setup import register_resolvers
@@ -42,7 +43,6 @@ from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.launch.resume import resume_step, resumed_config
 from qwen3_neuron.launch.run_lock import RunDirLock
-from qwen3_neuron.job.record import record_plan
 from qwen3_neuron.report.loss_check import check_first_loss
 from qwen3_neuron.report.outcome import JobOutcome
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak

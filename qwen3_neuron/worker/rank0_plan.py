@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 def plan_for_the_launcher(run_dir: Path, handoff: Handoff, request: dict[str, Any]) -> Plan:
     """Record the plan of the launcher's `request` (`Handoff.request_plan`: the settled job and
     its torchrun command) and say it is ready; a config error is handed over and ends this rank."""
-    from qwen3_neuron.job.job import Job
-    from qwen3_neuron.job.torchrun import WorkerLaunch
     from qwen3_neuron.errors import ConfigError
     from qwen3_neuron.job.checks.torchtitan_api import check_torchtitan_api
+    from qwen3_neuron.job.job import Job
+    from qwen3_neuron.job.torchrun import WorkerLaunch
 
     print(PLANNING_LINE, flush=True)
     messages: list[str] = []

@@ -17,8 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from qwen3_neuron.job.job import recorded_device
 from qwen3_neuron.devices.fixes import install
+from qwen3_neuron.job.job import recorded_device
 from qwen3_neuron.process_exit import exit_without_teardown
 from qwen3_neuron.run_dir import (
     EXPORT_FILE,
@@ -48,12 +48,12 @@ def main(run_dir: Path) -> None:
         from torchtitan.observability import structured_logger as sl
         from torchtitan.tools.logging import init_logger, logger
 
-        from qwen3_neuron.job.job import Job
         from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
         from qwen3_neuron.finetune.dpo_step import install as install_dpo
         from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
         from qwen3_neuron.finetune.step_seed import seed_each_step
         from qwen3_neuron.hf_io.export import exports_hf
+        from qwen3_neuron.job.job import Job
         from qwen3_neuron.job.trainer_config import build_trainer_config
         from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
         from qwen3_neuron.worker.what_ran import record_what_ran
