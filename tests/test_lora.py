@@ -461,3 +461,17 @@ def test_a_moe_lora_export_is_refused_merged_and_planned_as_adapters_alone(asset
     assert "finetune.merge_export=false exports the adapters alone" in str(error.value)
     plan = make_plan(compose_job(*load, "finetune.merge_export=false"), tmp_path / "adapters")
     assert plan.trainer_config.checkpoint.last_save_in_hf
+
+
+def test_hf_lora_leaves_the_adapters_out_of_the_hf_state_dict(assets, tmp_path):
+    """model=hf: LoRA wraps the model (`with_lora`), so the HF load and save see the base's keys
+    alone, the same as without LoRA; the adapters go their own way (adapter_save)."""
+    hf = ("model=hf", f"model.hf_model={assets.tiny_qwen3_dir}", "checkpointing=from_hf")
+    keys = {}
+    for name, overrides in {"full": hf, "lora": (*hf, "finetune=lora")}.items():
+        config = make_plan(compose_job(*overrides), tmp_path / name).trainer_config
+        state_dict = meta_model(config).state_dict()
+        adapter = config.model_spec.state_dict_adapter(config.model_spec.model, config.hf_assets_path)
+        keys[name] = (set(state_dict), set(adapter.to_hf(state_dict)))
+    assert any(".lora_a." in key for key in keys["lora"][0])
+    assert keys["lora"][1] == keys["full"][1]
