@@ -26,13 +26,13 @@ def plan_for(tmp_path, *overrides):
 def test_default_config_plans_tiny_native_on_two_cpu_ranks(tmp_path, assets):
     plan = plan_for(tmp_path)
     config = plan.trainer_config
-    assert (plan.device, plan.nproc_per_node) == ("cpu", 2)
+    assert (plan.device, plan.launch.nproc_per_node) == ("cpu", 2)
     assert config.model_spec.name == "qwen3" and config.model_spec.flavor == "tiny"
     assert (config.training.steps, config.training.seq_len, config.training.local_batch_size) == (30, 256, 4)
     assert config.dump_folder == str(tmp_path / "run")
     assert config.hf_assets_path == str(assets.tokenizer_dir)
     assert config.dataloader.dataset_path == str(assets.text_dataset_dir)
-    assert "--nproc_per_node=2" in plan.command and plan.command[-2:] == ["qwen3_neuron.worker.train", str(tmp_path / "run")]
+    assert "--nproc_per_node=2" in plan.launch.command and plan.launch.command[-2:] == ["qwen3_neuron.worker.train", str(tmp_path / "run")]
     # fields nobody set keep the base config function's (qwen3_32b) values
     assert config.checkpoint.export_dtype == "float16"
     assert config.optimizer.param_groups[0].optimizer_kwargs["weight_decay"] == 0.1
