@@ -17,7 +17,7 @@ from conftest import REPO, launch, trained
 from test_data import spans_of
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-from qwen3_neuron.data.chat import SHAREGPT_ROLES, ChatFormatError, ChatRenderer, row_conversation
+from qwen3_neuron.data.chat_rows import SHAREGPT_ROLES, ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.source import DataSource
 
 TOOLS = [{"type": "function", "function": {
@@ -248,7 +248,7 @@ def test_resuming_a_completed_run_with_new_eval_keys_evaluates_it_without_traini
 def test_the_chat_command_refuses_a_device_that_is_not_here_as_the_launcher_does(assets, capsys):
     import torch
 
-    from qwen3_neuron.hf_io.chat import main
+    from qwen3_neuron.hf_io.chat_command import main
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
@@ -259,7 +259,7 @@ def test_the_chat_command_refuses_a_device_that_is_not_here_as_the_launcher_does
 
 
 def test_a_reply_cut_while_reasoning_prints_no_reasoning_and_says_it_was_cut(capsys):
-    from qwen3_neuron.hf_io.chat import Reply, _print_reply, split_reasoning
+    from qwen3_neuron.hf_io.chat_command import Reply, _print_reply, split_reasoning
 
     assert split_reasoning("<think>\nfirst,\n\n\n") == ("first,", "")
     assert _print_reply(Reply("<think>\nfirst,\n\n\n", cut=True), show_reasoning=False, max_new_tokens=128) == ""

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from qwen3_neuron.eval.settings import EvalSettings
+from qwen3_neuron.eval.eval_section import EvalSettings
 
 RESULTS_FILE = "results.json"
 

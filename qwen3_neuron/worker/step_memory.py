@@ -99,7 +99,21 @@ def _step_tracker_class():
                 return
             super()._pre_fw_hook(module, inputs)
 
+        def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+            for parameter in module.parameters():  # a frozen weight (LoRA's base) takes no gradient hook
+                if not parameter.requires_grad:
+                    self._param_to_grad_hook_handles.setdefault(parameter, (_NO_HOOK, _NO_HOOK))
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
     return StepTracker
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+_NO_HOOK = _NoHook()
 
 
 def _StepTracker():  # noqa: N802  (torch.distributed._tools is imported when a step is measured)

@@ -49,6 +49,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from qwen3_neuron.devices.policy import NEURON_ATTENTION_OVERRIDE, SDPA_FOR_FLEX_OVERRIDE
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.models.hf.runtime import transformers_init_kept
 
@@ -66,16 +67,13 @@ ROWWISE = re.compile(r"(^|\.)(wo|w2|o_proj|down_proj)\.weight$|(^|\.)experts\.w2
 REPLICATED_UNDER_TP = re.compile(r"router|(^|\.)gate\.weight$")
 ROUTED_EXPERTS = re.compile(r"(^|\.)experts\.")
 LAYER = re.compile(r"(^|\.)layers\.")
-SDPA_ON_BLOCK_MASK = (
-    "qwen3_neuron.kernels.attention.sdpa.sdpa_for_flex",
-    "qwen3_neuron.kernels.attention.neuron.sdpa_for_neuron",
-)
+SDPA_ON_BLOCK_MASK = (SDPA_FOR_FLEX_OVERRIDE, NEURON_ATTENTION_OVERRIDE)
 FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"
 LM_HEAD = re.compile(r"(^|\.)(lm_head|output)\.weight$")
 EMBEDDING = re.compile(r"(^|\.)(tok_embeddings|embed_tokens)\.weight$")
 # [chunk tokens, vocab] float32 tensors alive at once in a loss chunk's backward: the logits (or
 # their float32 copy), the log-softmax kept for backward, and the gradient flowing back
-LOGIT_COPIES = 3
+LOGIT_COPIES = 3  # (measured with torch's MemTracker on CPU; see bench/memory_at_scale.py)
 
 
 @dataclass
@@ -135,8 +133,10 @@ def estimate_memory(
     gradients = counts.trainable_elements * param_bytes  # a frozen (finetune=lora) base has none
     optimizer, notes = _optimizer_bytes(config, counts)
     activations, recompute = _activation_bytes(config, shape, degrees, device)
-    logits = _logits_bytes(config, shape, degrees)
-    head_gradient = _trainable(counts, LM_HEAD) * param_bytes
+    tied = not any(LM_HEAD.search(name) for name in counts.names)  # the lm_head is the embedding's weight
+    head_trainable = _trainable(counts, EMBEDDING if tied else LM_HEAD)
+    logits = _logits_bytes(config, shape, degrees, fsdp=_fsdp_wrapped(shape, degrees), head_trainable=bool(head_trainable))
+    head_gradient = head_trainable * param_bytes
     moments = {
         "the loss": activations + logits + head_gradient,
         "early backward": activations + recompute + head_gradient,
@@ -270,6 +270,7 @@ class _LocalCounts:
     trainable_elements: int = 0  # of those, the ones with gradients and optimizer states
     tensors: int = 0  # trainable parameter tensors (each gets an optimizer step scalar)
     by_name: dict[str, int] = field(default_factory=dict)  # trainable ones
+    names: list[str] = field(default_factory=list)  # every parameter (a tied weight once)
 
 
 def meta_model(config):
@@ -300,6 +301,7 @@ def _local_parameter_counts(model_on_meta, degrees) -> _LocalCounts:
                 shape[dim] = math.ceil(shape[dim] / degrees.tp)
             shape[0] = math.ceil(shape[0] / fsdp)  # FSDP2 pads dim 0: rank 0 holds a full chunk
         local = math.prod(shape)
+        counts.names.append(name)
         if degrees.pp > 1 and LAYER.search(name):
             local = math.ceil(local / degrees.pp)  # each stage holds 1/pp of the layers
         counts.elements += local
@@ -418,14 +420,32 @@ def _outside_layers_bytes(config, s: _Shape, tokens, compute, tp, sp) -> int:
     return tokens * INT64 + final_norm + rope
 
 
-def _logits_bytes(config, s: _Shape, degrees) -> int:
-    """One loss chunk's logits working memory (the whole sequence's without chunking)."""
+def _logits_bytes(config, s: _Shape, degrees, fsdp: bool, head_trainable: bool) -> int:
+    """The loss's working memory in a chunk's backward (the whole sequence is one chunk without
+    ChunkedLossWrapper): [chunk, vocab] float32 logits and their gradient, and [vocab, dim]
+    weight-sized buffers of the lm_head: under FSDP its all-gathered weight (kept across the
+    chunks) and, when it trains, its unsharded gradient, the chunk's new gradient and the
+    reduce-scatter's buffer; without FSDP, the chunk's new gradient before it is added."""
     from torchtitan.components.loss import ChunkedLossWrapper
 
     tokens = config.training.local_batch_size * config.training.seq_len // degrees.cp
     loss = config.loss
     chunk = math.ceil(tokens / loss.num_chunks) if isinstance(loss, ChunkedLossWrapper.Config) else tokens
-    return LOGIT_COPIES * chunk * math.ceil(s.vocab / degrees.tp) * FLOAT32 + chunk * INT64
+    vocab = math.ceil(s.vocab / degrees.tp)
+    head = vocab * s.dim
+    compute, param = DTYPE_BYTES[config.training.mixed_precision_param], DTYPE_BYTES[config.training.dtype]
+    if fsdp:
+        weights = head * compute + (3 * head * param if head_trainable else 0)
+        copies = 1 if head_trainable else LOGIT_COPIES - 1
+    else:
+        weights = head * param if head_trainable else 0
+        copies = LOGIT_COPIES - 1
+    return copies * chunk * vocab * FLOAT32 + chunk * INT64 + weights
+
+
+def _fsdp_wrapped(s: _Shape, degrees) -> bool:
+    """torchtitan wraps the model in FSDP2 when it shards, and the Transformers backend always."""
+    return s.backend == "hf" or degrees.dp_shard * degrees.cp > 1
 
 
 def _dense_mask(config, shape: _Shape, device: str) -> bool:
