@@ -160,6 +160,24 @@ def test_resuming_a_run_with_nothing_left_to_train_does_nothing(default_run, tmp
     assert _files(run_dir) == before  # no torchrun started, summary.json as the run left it
 
 
+def test_a_new_run_pointed_at_a_finished_run_dir_is_refused_and_writes_nothing(default_run, tmp_path):
+    """The issue's case: a run trained into D, then a new run into D with another lr. Refused before
+    anything is written (Hydra's record, job.yaml, metrics and summary as the first run left them)."""
+    run_dir = shutil.copytree(default_run, tmp_path / "run")
+    before = _contents(run_dir)
+    result = launch(run_dir, "training.steps=2", "optimizer.lr=1e-2")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert (f"Config error: run dir {run_dir} holds a run already (summary.json; completed after {STEPS} steps); "
+            f"a new run never writes into another's dir. To continue or extend that run: run.resume={run_dir} "
+            "(training.steps=N trains on to step N). For a new run: leave hydra.run.dir unset, or name a dir "
+            "of its own.") in result.stderr  # fmt: skip
+    assert _contents(run_dir) == before
+
+
+def _contents(run_dir: Path) -> dict[str, bytes]:
+    return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
 def _files(run_dir: Path) -> dict[str, int]:
     return {p.relative_to(run_dir).as_posix(): p.stat().st_size for p in run_dir.rglob("*") if p.is_file()}
 

@@ -52,11 +52,13 @@ from qwen3_neuron.run_dir import (
     LOCK_FILE,
     LOG_FILE,
     METRICS_FILE,
+    PLAN_ONLY_FILE,
     RANKS_LOG_DIR,
     SUMMARY_FILE,
     TRAINER_CONFIG_FILE,
     Handoff,
     PlannedRun,
+    earlier_run,
     read_json,
     summarize_replacements,
 )
@@ -90,9 +92,30 @@ def run_job(cfg: DictConfig) -> JobOutcome:
         print(f"Run dir in use: {e}", file=sys.stderr)
         return JobOutcome(CONFIG_ERROR_EXIT, hydra_job.single_run)  # its owner's dir: nothing written, nothing removed
     try:
+        refusal = _new_run_refusal(cfg, hydra_job.run_dir)
+        if refusal:  # the earlier run's dir: nothing written, nothing removed
+            print(f"Config error: {refusal}", file=sys.stderr)
+            return JobOutcome(CONFIG_ERROR_EXIT, hydra_job.single_run)
         return _run_job_in(cfg, hydra_job, hydra_config)
     finally:
         lock.release()
+
+
+def _new_run_refusal(cfg: DictConfig, run_dir: Path) -> str | None:
+    """Why a new run may not start in `run_dir`: it holds a run already, which only its resume
+    may continue (node 0 asks; the other nodes of a job join the dir node 0 starts)."""
+    if OmegaConf.select(cfg, "run.resume") is not None or _node_rank(cfg) > 0:
+        return None
+    evidence = earlier_run(run_dir)
+    if evidence is None:
+        return None
+    summary = read_json(run_dir / SUMMARY_FILE) or {}
+    ended = f"{summary['status']} after {summary.get('steps')} steps" if "status" in summary else "it has no summary: interrupted or still starting"
+    return (
+        f"run dir {run_dir} holds a run already ({evidence}; {ended}); a new run never writes into "
+        f"another's dir. To continue or extend that run: run.resume={run_dir} (training.steps=N "
+        "trains on to step N). For a new run: leave hydra.run.dir unset, or name a dir of its own."
+    )
 
 
 def _node_rank(cfg: DictConfig) -> int:
@@ -185,6 +208,11 @@ def _plan_only(job: Job, hydra_job: _HydraJob) -> JobOutcome:
     plan = make_plan(job, hydra_job.run_dir)  # settles the job
     _evaluation(plan.job, None)
     record_plan(plan, hydra_job.run_dir, [])  # its warnings: printed as it made them
+    what = "run.dry_run=true" if settings.run.dry_run else f"run.show_data={settings.run.show_data}"
+    (hydra_job.run_dir / PLAN_ONLY_FILE).write_text(
+        f"{what}: the plan recorded here (job.yaml, trainer_config.json, command.sh) never trained. "
+        "A launch pointed at this dir may use it.\n"
+    )
     if settings.run.dry_run:
         _print_plan(plan, hydra_job.run_dir, settings.run.verbose)
         if plan.refusal:  # the record stays: the plan is what the user asked to see
@@ -229,6 +257,7 @@ class _Workers:
     def go(self, progress: Progress | None) -> LaunchResult:
         """Let the workers build (the run dir holds what they read: peak_flops.json), wait for
         torchrun to exit; the plan files go with it."""
+        (self.run_dir / PLAN_ONLY_FILE).unlink(missing_ok=True)  # a dry run's record, now replaced by this run's
         self.handoff.let_workers_build(self.run_dir)
         try:
             return self.torchrun.wait(progress)
