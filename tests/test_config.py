@@ -17,6 +17,7 @@ from qwen3_neuron.config.trainer_keys import KEYS_FILE, check_trainer_keys, inst
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch.hydra_setup import TRAINER_SECTIONS
 from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.trainer_config.build import build_trainer_config
 
 
 def plan_for(tmp_path, *overrides):
@@ -215,3 +216,19 @@ def test_chat_validation_follows_the_users_data(tmp_path, assets):
     assert carved.enable and carved.dataloader.sources[0].val_fraction == 0.05
     with pytest.raises(ConfigError, match="data.val_fraction and data.val_files both"):
         plan_for(tmp_path, "data=chat", mine, "data.val_fraction=0.05", f"data.val_files={tmp_path / 'mine.jsonl'}")
+
+
+@pytest.mark.parametrize(
+    ("checkpointing", "interval", "last_step_full"),
+    [("periodic", 10, True), ("[periodic,export_hf]", 10, False), ("[from_hf,export_hf]", 31, False)],
+)
+def test_only_periodic_checkpointing_saves_on_the_way_and_its_last_step_is_a_full_checkpoint(
+    assets, tmp_path, checkpointing, interval, last_step_full
+):
+    """checkpointing=periodic saves every checkpoint.interval steps and its last step in full (a
+    resume with a larger training.steps continues from it); an export alone saves nothing before
+    its last step (its interval lies past the 30 steps), where it writes the HF save."""
+    initial = [f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"] if "from_hf" in checkpointing else []
+    job = compose_job(f"checkpointing={checkpointing}", *initial).settled()
+    checkpoint = build_trainer_config(job, tmp_path).checkpoint
+    assert (checkpoint.interval, not checkpoint.last_save_model_only) == (interval, last_step_full)
