@@ -40,7 +40,7 @@ from qwen3_neuron.launch.console import quiet_console
 from qwen3_neuron.launch.hydra_setup import register_resolvers
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
-from qwen3_neuron.launch.resume import resume_step, resumed_config
+from qwen3_neuron.launch.resume import planned_schedule_end, resume_step, resumed_config, schedule_rule
 from qwen3_neuron.launch.run_lock import RunDirLock
 from qwen3_neuron.planning.record import record_plan
 from qwen3_neuron.report.loss_check import check_first_loss
@@ -59,6 +59,7 @@ from qwen3_neuron.run_dir import (
     Handoff,
     PlannedRun,
     earlier_run,
+    read_job,
     read_json,
     summarize_replacements,
 )
@@ -141,6 +142,8 @@ def _run_job_in(cfg: DictConfig, hydra_job: _HydraJob, hydra_config) -> JobOutco
                 print(f"[qwen3-neuron] run.resume: nothing left to train: its checkpoint step-{step} is at "
                       f"training.steps={steps} (training.steps=N trains on to step N)")  # fmt: skip
                 return JobOutcome(0, hydra_job.single_run)
+            end = composed.get("lr_scheduler", {}).get("total_steps") or planned_schedule_end(hydra_job.run_dir, read_job(hydra_job.run_dir))
+            print(f"[qwen3-neuron] run.resume: training on to step {steps}; {schedule_rule(end, steps)}")
         job = Job.parse(slurm.with_node_settings(composed))  # SLURM: this node's rank and rendezvous
         check_trainer_keys(job.composed, job.settings)  # torchtitan's sections: typos need no torchtitan
         if job.settings.run.dry_run or job.settings.run.show_data:  # nothing trains: planned here, nothing started
@@ -313,6 +316,11 @@ class _HydraJob:
         run = settings.run
         if planned.checkpoint.get("checkpoint_loaded"):
             print(f"[qwen3-neuron] continuing from checkpoint {planned.checkpoint['checkpoint_loaded']} of {self.run_dir}")
+            from qwen3_neuron.eval.run import set_aside_earlier_scores  # no lm-eval import
+
+            aside = set_aside_earlier_scores(self.run_dir, read_json(self.run_dir / SUMMARY_FILE))
+            if aside:
+                print(f"[qwen3-neuron] the earlier model's scores moved to {aside}")
         # before any worker builds: their metrics compute MFU against it
         write_run_dir_peak(self.run_dir, peak_for_run(job.device, planned.dtype, launch.env), planned.world_size)
         progress = None
@@ -343,11 +351,12 @@ class _HydraJob:
             **planned.checkpoint, **extra,
         )  # fmt: skip
         mode = settings.hf.first_loss_check
+        resumed = bool(planned.checkpoint.get("checkpoint_loaded"))  # step 1 was judged by the launch that trained it
         verdict = check_first_loss(
             summary["first_loss"], planned.vocab_size, planned.weights_loaded, mode,
-            warn=lambda m: print(m, file=sys.stderr),
+            warn=(lambda m: None) if resumed else (lambda m: print(m, file=sys.stderr)),
         )  # fmt: skip
-        if verdict.fails(mode):
+        if verdict.fails(mode) and not resumed:
             exit_code = exit_code or 1
             summary.update(status="failed", exit_code=exit_code, error=summary["error"] or verdict.message)
         summary.update(verdict.summary_fields(mode))  # first_loss, random_init_loss_reference, first_loss_check
