@@ -17,6 +17,7 @@ from qwen3_neuron.config.trainer_keys import KEYS_FILE, check_trainer_keys, inst
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch.hydra_setup import TRAINER_SECTIONS
 from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.run_dir import earlier_run
 from qwen3_neuron.trainer_config.build import build_trainer_config
 
 
@@ -181,6 +182,9 @@ def test_dry_run_records_the_run_and_starts_nothing(tmp_path, assets):
     assert not (run_dir / "train.log").exists() and not (run_dir / "metrics.jsonl").exists()
     assert '"steps": 7' in (run_dir / "trainer_config.json").read_text()
     assert "qwen3_neuron.worker.train" in (run_dir / "command.sh").read_text()
+    # the record says what it is: no run a new launch must keep out of
+    assert (run_dir / "PLAN_ONLY.txt").read_text().startswith("run.dry_run=true: the plan recorded here")
+    assert earlier_run(run_dir) is None
     # the plan, one line per fact: the override list summarised, each warning once, no JSON
     out = result.stdout + result.stderr
     assert "[qwen3-neuron] override: 4 x model_spec.model.layers.*.attention.inner_attention" in out
