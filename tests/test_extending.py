@@ -1,6 +1,8 @@
-"""The learning-rate rule (qwen3_neuron.worker.lr_schedule) on torchtitan's own scheduler, in-process:
-past the schedule's end the last step's rate holds, and a loaded checkpoint trains its next step at
-the schedule's rate, not at the one its optimizer state was saved with."""
+"""Extending a run (`run.resume=D training.steps=N`), in-process. The learning-rate rule
+(qwen3_neuron.worker.lr_schedule) on torchtitan's own scheduler: past the schedule's end the last
+step's rate holds, and a loaded checkpoint trains its next step at the schedule's rate, not at the
+one its optimizer state was saved with. The resume (launch.resume): the schedule the run was
+planned with stays, the rule in one line, and a run that only exported says it cannot go on."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import compose_config
+from omegaconf import OmegaConf
 from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
 
+from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.launch.resume import resumed_config, schedule_rule
 from qwen3_neuron.worker.lr_schedule import follow_one_schedule
 
@@ -77,8 +81,6 @@ def test_a_loaded_checkpoint_trains_on_at_the_schedules_rate(saved_at):
 def test_an_extension_keeps_the_schedule_the_run_was_planned_with_and_says_the_rule(tmp_path):
     """run.resume=D training.steps=12 of a 10-step run: its schedule stays planned for 10 steps
     (lr_scheduler.total_steps), whichever checkpoint it loads; the rule in one line."""
-    from omegaconf import OmegaConf
-
     recorded = compose_config("checkpointing=periodic", "training.steps=10")
     OmegaConf.save(OmegaConf.create(recorded), tmp_path / "job.yaml")
     (tmp_path / "trainer_config.json").write_text(json.dumps({"lr_scheduler": {"total_steps": None}}))
@@ -92,3 +94,18 @@ def test_an_extension_keeps_the_schedule_the_run_was_planned_with_and_says_the_r
     )
     again = ["run.resume=" + str(tmp_path)]
     assert "total_steps" not in resumed_config(tmp_path, compose_config(*again), again).get("lr_scheduler", {})
+
+
+def test_extending_a_run_that_only_exported_says_it_cannot_and_why(tmp_path):
+    """checkpointing=[from_hf,export_hf] keeps no checkpoint/step-N: nothing to continue from."""
+    OmegaConf.save(OmegaConf.create(compose_config("checkpointing=export_hf")), tmp_path / "job.yaml")
+    typed = [f"run.resume={tmp_path}", "training.steps=40"]
+    with pytest.raises(ConfigError) as refused:
+        resumed_config(tmp_path, compose_config(*typed), typed)
+    assert str(refused.value) == (
+        f"run.resume={tmp_path}: no complete checkpoint in {tmp_path}/checkpoint: nothing to continue from. "
+        "Checkpoints are written with checkpointing=periodic (every checkpoint.interval steps). It only "
+        "exported its model (checkpointing=export_hf without periodic): the export holds the weights, not the "
+        "optimizer, learning-rate schedule or data position a resume continues with. To train on from those "
+        "weights: a new run with checkpointing=[from_hf,...] checkpoint.initial_load_path=<its hf_export dir>."
+    )
