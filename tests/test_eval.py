@@ -9,8 +9,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 
 import pytest
+from conftest import REPO
 
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.eval.eval_section import EvalSettings
@@ -113,3 +115,35 @@ def test_a_completed_run_resumed_with_new_eval_keys_is_evaluated_only(tmp_path):
     assert rescore_settings(tmp_path, composed, ["run.resume=x", "training.steps=50"]) is None  # trains on, as before
     objective = "eval.tiny_chat_answer.exact_match"
     assert sweep_job_value(summary, objective, stop_on_failure=False) == 0.5
+
+
+def test_scores_accumulate_and_a_trained_on_runs_earlier_scores_move_aside(assets, tmp_path):
+    """`python -m qwen3_neuron.eval <run> eval.tasks=[a]`, then `[b]`: eval/results.json and the
+    summary's `eval` hold both. Once the run trains on (run.resume with a larger training.steps),
+    they are the earlier model's: moved to eval/step-N/, none left looking current."""
+    from qwen3_neuron.eval.__main__ import main as evaluate_main
+    from qwen3_neuron.eval.run import set_aside_earlier_scores
+
+    tasks = shutil.copytree(REPO / "qwen3_neuron" / "eval" / "tasks" / "tiny_chat_answer", tmp_path / "tasks")
+    again = tasks / "tiny_chat_answer.yaml"
+    again.rename(tasks / "again.yaml")
+    (tasks / "again.yaml").write_text(
+        (tasks / "again.yaml").read_text().replace("task: tiny_chat_answer", "task: tiny_chat_answer_again")
+    )
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = {"status": "completed", "steps": 10, "export_dir": str(assets.tiny_qwen3_dir)}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    quick = ["eval.limit=2", "eval.apply_chat_template=true"]
+    assert evaluate_main([str(run_dir), "eval.tasks=[tiny_chat_answer]", *quick]) == 0
+    assert evaluate_main([str(run_dir), "eval.tasks=[tiny_chat_answer_again]", f"eval.include_path={tasks}", *quick]) == 0
+    both = {"tiny_chat_answer", "tiny_chat_answer_again"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary["eval"]) == both and summary["status"] == "completed"
+    assert set(json.loads((run_dir / "eval" / "results.json").read_text())["results"]) == both
+
+    aside = set_aside_earlier_scores(run_dir, summary)
+    assert aside == run_dir / "eval" / "step-10"
+    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["step-10"]
+    assert json.loads((aside / "scores.json").read_text()) == summary["eval"]
+    assert set(json.loads((aside / "results.json").read_text())["results"]) == both

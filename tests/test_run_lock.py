@@ -15,6 +15,7 @@ from conftest import REPO
 
 from qwen3_neuron.errors import RunDirInUse
 from qwen3_neuron.launch.run_lock import STALE_AFTER_SECONDS, Owner, RunDirLock
+from qwen3_neuron.run_dir import earlier_run
 
 HOLD = """
 import sys, time
@@ -76,3 +77,13 @@ def test_each_node_of_a_multi_node_job_holds_its_own_lock(tmp_path):
     node0.release()
     node1.release()
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("left", ["summary.json", "metrics.jsonl", "train.log", "failure.json", "job.yaml"])
+def test_a_dir_holding_a_run_is_named_by_what_it_holds_and_a_dry_runs_record_is_not_a_run(tmp_path, left):
+    """Finished (summary), interrupted (metrics, output) or stopped at its plan (job.yaml): a run.
+    A dry run's or run.show_data's record (job.yaml beside PLAN_ONLY.txt) is not."""
+    (tmp_path / left).write_text("")
+    assert earlier_run(tmp_path) == left
+    (tmp_path / "PLAN_ONLY.txt").write_text("")
+    assert earlier_run(tmp_path) == (None if left == "job.yaml" else left)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from qwen3_neuron.devices.fixes import install
 from qwen3_neuron.job.job import recorded_device
+from qwen3_neuron.parent_death import die_with_parent
 from qwen3_neuron.process_exit import exit_without_teardown
 from qwen3_neuron.run_dir import (
     EXPORT_FILE,
@@ -33,6 +34,7 @@ from qwen3_neuron.run_dir import (
 
 
 def main(run_dir: Path) -> None:
+    die_with_parent(os.getppid())  # torchrun's end (the launcher's end ends torchrun) ends this rank
     handoff = Handoff.from_env()
     request = handoff.read_request(run_dir) if handoff else None  # the launcher's settled job, before job.yaml
     install(recorded_device(request["job"] if request else read_job(run_dir)))  # before torchtitan copies it
@@ -55,6 +57,7 @@ def main(run_dir: Path) -> None:
         from qwen3_neuron.hf_io.export import exports_hf
         from qwen3_neuron.job.job import Job
         from qwen3_neuron.job.trainer_config import build_trainer_config
+        from qwen3_neuron.worker.lr_schedule import follow_one_schedule, schedule_end
         from qwen3_neuron.worker.step_memory import measure_one_step, write_step_memory
         from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
         from qwen3_neuron.worker.what_ran import record_what_ran
@@ -88,6 +91,9 @@ def main(run_dir: Path) -> None:
     exports = exports_hf(config)
     try:
         trainer = config.build()
+        follow_one_schedule(trainer, schedule_end(config))  # before train() loads a checkpoint
+        if handoff and os.environ.get("LOCAL_RANK") == "0":
+            handoff.remove_files(run_dir)  # every rank of this node has built: none reads them again
         if lora and settings.finetune.dropout:
             seed_each_step(trainer)  # a resumed run draws the masks the uninterrupted one drew
         held = []  # tensors kept across steps besides the model's and the optimizer's
