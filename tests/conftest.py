@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -26,14 +27,21 @@ project_compose.register()
 
 # What a test session caches - the tiny assets, the measured peak FLOPs - lives under one temporary
 # dir for the session, never in the user's ~/.cache/qwen3_neuron. Set in this process's
-# environment, so every launch.py, torchrun worker and peak probe a test starts inherits it.
-SESSION_CACHE = Path(tempfile.mkdtemp(prefix="qwen3-neuron-tests-"))
+# environment, so every launch.py, torchrun worker and peak probe a test starts inherits it, and
+# so do pytest-xdist's test processes (started after this runs in the first one): one dir, and one
+# asset build, for all of them. The process that made the dir removes it.
+SESSION_ENV = "QWEN3_NEURON_TEST_SESSION"
+MADE_HERE = SESSION_ENV not in os.environ
+if MADE_HERE:
+    os.environ[SESSION_ENV] = tempfile.mkdtemp(prefix="qwen3-neuron-tests-")
+SESSION_CACHE = Path(os.environ[SESSION_ENV])
 os.environ[ASSETS_ENV_VAR] = str(SESSION_CACHE / "assets")
 os.environ[CACHE_ENV_VAR] = str(SESSION_CACHE / "cache")
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+    if MADE_HERE:
+        shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
 # ---- how `make test` spreads the files over its two processes (pytest-xdist) ---------------------
@@ -72,8 +80,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.fixture(scope="session")
 def assets():
-    """Built once per session into the session's asset dir (deterministic: the same every time)."""
-    return build_assets()
+    """Built once per session into the session's asset dir (deterministic: the same every time);
+    the other test process waits on the lock, then finds them built."""
+    with open(SESSION_CACHE / "assets.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_assets()
 
 
 def compose_config(*overrides: str) -> dict:
