@@ -5,6 +5,7 @@ run's export stops at the end of its turn in `transformers` `generate()` and in
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import shutil
@@ -115,6 +116,99 @@ def test_everything_else_a_message_carries_reaches_the_template(tokenizer):
     assert conversation.messages[0] == {"role": "user", "content": "hi", "name": "ada"}
     assert ChatRenderer(tokenizer_with_names).render(conversation).startswith("<|im_start|>user ada\nhi<|im_end|>")
     assert "ada" not in renderer.render(conversation)  # Qwen3's template has no use for it
+
+
+
+# ---- the chat command, in-process: what it sends the model --------------------------------------
+
+
+class RecordingChat:
+    """Chat's stand-in: records each conversation it is asked to continue; replies with a
+    reasoning block and a numbered answer."""
+
+    def __init__(self, model_dir, device=None):
+        self.device, self.calls = "cpu", []
+        RecordingChat.latest = self
+
+    def reply(self, messages, tools=None, **generate_kwargs):
+        self.calls.append(([dict(m) for m in messages], tools, generate_kwargs))
+        return f"<think>\nthinking {len(self.calls)}\n</think>\n\nanswer {len(self.calls)}"
+
+
+def chat_command(monkeypatch, capsys, *args: str, typed: str = "") -> tuple[int, list[str], RecordingChat]:
+    from qwen3_neuron.hf_io import chat
+
+    monkeypatch.setattr(chat, "Chat", RecordingChat)
+    monkeypatch.setattr("sys.stdin", io.StringIO(typed))
+    code = chat.main(list(args))
+    return code, capsys.readouterr().out.splitlines(), RecordingChat.latest
+
+
+def test_the_chat_command_keeps_the_conversation_and_reset_clears_it_to_the_system_message(tmp_path, monkeypatch,
+                                                                                            capsys):  # fmt: skip
+    (tmp_path / "config.json").write_text("{}")  # an HF model dir, as far as the command looks
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+    code, out, chat = chat_command(monkeypatch, capsys, str(tmp_path), "--system", "Be brief.", "--tools", str(tools),
+                                   typed="Hello.\nAnd then?\n/reset\nAgain.\n/exit\n")  # fmt: skip
+    system, user = {"role": "system", "content": "Be brief."}, lambda text: {"role": "user", "content": text}  # noqa: E731
+    assert code == 0
+    assert [messages for messages, _, _ in chat.calls] == [
+        [system, user("Hello.")],
+        [system, user("Hello."), {"role": "assistant", "content": "answer 1"}, user("And then?")],
+        [system, user("Again.")],  # after /reset: the system message only
+    ]
+    assert all(t == TOOLS and kw == {"max_new_tokens": 256, "do_sample": False} for _, t, kw in chat.calls)
+    assert out[1:] == ["you> answer 1", "you> answer 2", "you> you> answer 3", "you> "]  # the answer, not its reasoning
+
+
+def test_the_chat_command_one_shot_shows_reasoning_and_samples_on_request(tmp_path, monkeypatch, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    code, out, chat = chat_command(monkeypatch, capsys, str(tmp_path), "--prompt", "Hi?", "--show_reasoning",
+                                   "--do_sample", "--temperature", "0.7", "--top_k", "5", "--max_new_tokens", "9")  # fmt: skip
+    assert (code, out) == (0, ["<think>", "thinking 1", "</think>", "answer 1"])
+    assert chat.calls == [([{"role": "user", "content": "Hi?"}], None,
+                           {"max_new_tokens": 9, "do_sample": True, "temperature": 0.7, "top_k": 5})]  # fmt: skip
+    # greedy (no --do_sample): the sampling flags are not passed on
+    code, out, chat = chat_command(monkeypatch, capsys, str(tmp_path), "--prompt", "Hi?", "--temperature", "0.7")
+    assert (code, out, chat.calls[0][2]) == (0, ["answer 1"], {"max_new_tokens": 256, "do_sample": False})
+
+
+def test_the_chat_command_refuses_tools_that_are_not_a_list(tmp_path, monkeypatch, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tools.json").write_text(json.dumps(TOOLS[0]))
+    from qwen3_neuron.hf_io import chat
+
+    assert chat.main([str(tmp_path), "--tools", str(tmp_path / "tools.json"), "--prompt", "Hi?"]) == 2
+    assert capsys.readouterr().err == f"error: --tools {tmp_path / 'tools.json'}: expected a JSON list of tool schemas\n"
+
+
+def test_chat_renders_system_and_tools_with_the_template_and_stops_a_base_model_at_its_end_of_turn(assets, capsys):
+    """A base dir (stops at EOS only): the note on stderr, and generate() told to stop at <|im_end|> too."""
+    import torch
+
+    from qwen3_neuron.hf_io.chat import Chat
+
+    chat = Chat(assets.tiny_qwen3_dir, "cpu")
+    tokenizer = chat.tokenizer
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert capsys.readouterr().err == (
+        f"note: {assets.tiny_qwen3_dir}: generation_config.json stops at [{tokenizer.eos_token_id}], not at the chat "
+        f"template's end of turn '<|im_end|>' ({im_end}): replies would not end; stopping there in this chat\n")  # fmt: skip
+    seen = {}
+
+    def generate(input_ids, attention_mask, eos_token_id, **kwargs):
+        seen.update(prompt=tokenizer.decode(input_ids[0]), eos=eos_token_id, kwargs=kwargs)
+        written = tokenizer("<think>\n\n</think>\n\nFine.<|im_end|>")["input_ids"]
+        return torch.cat([input_ids, torch.tensor([written])], dim=1)
+
+    chat.model.generate = generate
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}]
+    assert chat.reply(messages, TOOLS, max_new_tokens=5) == "<think>\n\n</think>\n\nFine."
+    assert seen["prompt"] == tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True,
+                                                           tokenize=False)  # fmt: skip
+    assert "Be brief." in seen["prompt"] and '"name": "get_weather"' in seen["prompt"]
+    assert (seen["eos"], seen["kwargs"]) == ([im_end, tokenizer.eos_token_id], {"max_new_tokens": 5})
 
 
 # ---- a chat SFT run, exported, used as users use it ----------------------------------------------
