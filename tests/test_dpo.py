@@ -329,3 +329,83 @@ def test_dpo_metrics_reach_the_summary_the_sweep_table_the_objective_and_the_pro
     progress._poll()
     progress.stop()
     assert "step 2/2  loss 0.4000  val 0.4500  acc 0.75  margin 0.500" in out.getvalue()
+
+
+# ---- the training seam (finetune/dpo_step.py), in-process -------------------------------------
+
+
+def _weights(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _bitwise_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_the_frozen_reference_swaps_the_starting_weights_in_and_back_bit_for_bit_and_survives_a_checkpoint():
+    from qwen3_neuron.finetune.dpo_step import FrozenReference
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    reference = FrozenReference(model)
+    assert int(reference.taken) == 0
+    reference.take()
+    start = _weights(model)
+    with torch.no_grad():  # training moves the policy away
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    trained = _weights(model)
+    with reference.swapped_in():
+        assert _bitwise_equal(_weights(model), start)
+    assert _bitwise_equal(_weights(model), trained)
+
+    # a checkpoint's round trip (torch.save, as DCP stores the tensors): a resumed run's reference
+    # is the first run's starting weights, not the weights it resumes with
+    buffer = io.BytesIO()
+    torch.save(reference.state_dict(), buffer)
+    resumed_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    resumed_model.load_state_dict(model.state_dict())
+    resumed = FrozenReference(resumed_model)  # as built at a resume: a copy of whatever the model holds
+    buffer.seek(0)
+    resumed.load_state_dict(torch.load(buffer))
+    assert int(resumed.taken) == 1
+    with resumed.swapped_in():
+        assert _bitwise_equal(_weights(resumed_model), start)
+    assert _bitwise_equal(_weights(resumed_model), trained)
+
+
+def test_pairs_and_chosen_tokens_are_counted_from_the_sequence_ids():
+    from qwen3_neuron.finetune.dpo_step import _counts
+
+    sequence_ids = torch.tensor([
+        [-1, -1, 0, 0, 0, -1, 1, 1, -1, 2, 2, -1, 3, 3, 3],  # two pairs: chosen 0 (3 tokens) and 2 (2)
+        [-1, 0, 0, -1, 1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1],  # one pair: chosen 0 (2 tokens)
+        [-1] * 15,  # padding only
+    ])  # fmt: skip
+    assert _counts(sequence_ids) == (3, 7)
+
+
+def test_lora_adapters_off_computes_the_base_models_output_and_then_the_adapted_one_again():
+    from torchtitan.models.common.linear import Linear
+
+    from qwen3_neuron.finetune.dpo_step import adapters_off
+    from qwen3_neuron.finetune.lora import LoRADropoutConverter
+
+    torch.manual_seed(0)
+    converter = LoRADropoutConverter.Config(rank=2, alpha=4.0, dropout=0.0).build()
+    layers = [converter.convert(Linear.Config(in_features=n, out_features=m, bias=False)).build()
+              for n, m in ((8, 6), (6, 4))]  # fmt: skip
+    with torch.no_grad():
+        for p in (p for layer in layers for p in layer.parameters()):
+            p.copy_(torch.randn(p.shape))  # B nonzero: the adapters change the output
+    model = torch.nn.Sequential(layers[0], torch.nn.Tanh(), layers[1]).eval()
+    x = torch.randn(3, 8)
+    base = torch.tanh(x @ layers[0].weight.T) @ layers[1].weight.T  # the weights without their adapters
+    with torch.no_grad():
+        adapted = model(x)
+        with adapters_off(model):
+            off = model(x)
+        again = model(x)
+    torch.testing.assert_close(off, base, rtol=0, atol=1e-6)
+    assert (adapted - base).abs().max() > 1e-2
+    assert torch.equal(again, adapted)
