@@ -32,6 +32,19 @@ from qwen3_neuron.finetune.dpo import (
 )
 
 
+TRL_ROWS = [
+    {"prompt": [{"role": "user", "content": "What does getcontext() do?"}],
+     "chosen": [{"role": "assistant", "content": "Returns this thread's context."}],
+     "rejected": [{"role": "assistant", "content": "Nothing at all, ever."}]},
+    {"prompt": [{"role": "user", "content": "How is it declared?"}],
+     "chosen": [{"role": "assistant", "content": "def getcontext():"}],
+     "rejected": [{"role": "assistant", "content": "class Context: pass, with more words"}]},
+    {"prompt": [{"role": "user", "content": "What is a deque?"}],
+     "chosen": [{"role": "assistant", "content": "A double-ended queue."}],
+     "rejected": [{"role": "assistant", "content": "A dictionary."}]},
+]  # fmt: skip
+
+
 def _trl_trainer(model_dir, ref_model, model, loss_type: str, beta: float, label_smoothing: float, sft_weight: float,
                  tmp_path):
     from datasets import Dataset
@@ -39,17 +52,7 @@ def _trl_trainer(model_dir, ref_model, model, loss_type: str, beta: float, label
     from trl import DPOConfig, DPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows = Dataset.from_list([
-        {"prompt": [{"role": "user", "content": "What does getcontext() do?"}],
-         "chosen": [{"role": "assistant", "content": "Returns this thread's context."}],
-         "rejected": [{"role": "assistant", "content": "Nothing at all, ever."}]},
-        {"prompt": [{"role": "user", "content": "How is it declared?"}],
-         "chosen": [{"role": "assistant", "content": "def getcontext():"}],
-         "rejected": [{"role": "assistant", "content": "class Context: pass, with more words"}]},
-        {"prompt": [{"role": "user", "content": "What is a deque?"}],
-         "chosen": [{"role": "assistant", "content": "A double-ended queue."}],
-         "rejected": [{"role": "assistant", "content": "A dictionary."}]},
-    ])  # fmt: skip
+    rows = Dataset.from_list(TRL_ROWS)
     args = DPOConfig(
         output_dir=str(tmp_path), beta=beta, label_smoothing=label_smoothing,
         loss_type=[loss_type, "sft"] if sft_weight else [loss_type], loss_weights=[1.0, sft_weight] if sft_weight else None,
@@ -409,3 +412,48 @@ def test_lora_adapters_off_computes_the_base_models_output_and_then_the_adapted_
     torch.testing.assert_close(off, base, rtol=0, atol=1e-6)
     assert (adapted - base).abs().max() > 1e-2
     assert torch.equal(again, adapted)
+
+
+# ---- the project's own rendering and packing against TRL's per-sequence log-probabilities --------
+
+
+def test_the_projects_sequence_logps_are_trls_without_the_newline_after_the_end_of_turn(assets, tmp_path, tokenizer):
+    """The same rows rendered and packed by the project (data=preference) and by TRL 1.16's
+    DPOTrainer, scored by the same model: each response's log-probability is TRL's less one token.
+    TRL trains the `\\n` the chat template writes after `<|im_end|>`; the project does not (as in
+    data=chat: generation stops at `<|im_end|>`, the `\\n` is never generated)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(assets.tiny_qwen3_dir, dtype=torch.float32).eval()
+    trainer = _trl_trainer(assets.tiny_qwen3_dir, None, model, "sigmoid", 0.1, 0.0, 0.0, tmp_path / "trl")
+    batch = next(iter(trainer.get_train_dataloader()))
+    ids, mask = batch["input_ids"], batch["completion_mask"]
+    trl_labels = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+    with torch.no_grad():
+        trl_tokens = token_logps(model(ids, attention_mask=batch["attention_mask"]).logits[:, :-1], trl_labels)
+    n = ids.shape[0] // 2  # TRL's rows: the chosen responses, then the rejected ones
+
+    # the project: the same three pairs, one pair a sample (packing=none keeps their order)
+    files = tmp_path / "pairs.jsonl"
+    files.write_text("".join(json.dumps(row) + "\n" for row in TRL_ROWS))
+    source = dataclasses.replace(PREFERENCE, files=str(files), packing="none")
+    samples = list(PackedDataset(source, tokenizer, seq_len=128, infinite=False))
+    assert len(samples) == n == 3
+    matched = []
+    newline = tokenizer.encode("\n", add_bos=False, add_eos=False)
+    for k, (input_dict, labels) in enumerate(samples):
+        inputs, positions = input_dict["input"], input_dict["positions"].tolist()
+        starts = [i for i, p in enumerate(positions) if p == 0] + [len(positions)]
+        with torch.no_grad():  # each document alone: what the block-causal mask from positions computes
+            logits = torch.cat([model(inputs[None, a:b]).logits[0] for a, b in zip(starts, starts[1:])])
+        sums, _ = sequence_sums(token_logps(logits[None], labels[None]), input_dict[SEQUENCE_IDS][None])
+        for side in (0, 1):  # chosen, rejected
+            ours = labels[input_dict[SEQUENCE_IDS] == side].tolist()
+            assert ours[-1] == tokenizer.tokenizer.token_to_id("<|im_end|>")
+            # TRL's row of the same response (its loader shuffles): exactly one, one token longer
+            [row] = [r for r in range(side * n, (side + 1) * n) if trl_labels[r][trl_labels[r] != -100].tolist() == ours + newline]
+            last = trl_tokens[row][trl_labels[row] != -100][-1]  # TRL's one more token: the newline
+            assert float(sums[0, side]) == pytest.approx(float(trl_tokens[row].sum() - last), rel=1e-5, abs=1e-5)
+            assert float(last) < 0  # a token of its own, with its own probability
+            matched.append(row)
+    assert sorted(matched) == list(range(2 * n))
