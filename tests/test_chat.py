@@ -9,12 +9,10 @@ import io
 import json
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, launch, trained
+from conftest import launch, trained
 from test_data import spans_of
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
@@ -292,20 +290,21 @@ def test_the_chat_export_answers_a_new_question_and_stops_at_the_end_of_its_turn
 
 
 @pytest.mark.integration
-def test_the_chat_command_prints_the_reply_one_shot_and_interactively(chat_sft_run):
-    command = [sys.executable, "-m", "qwen3_neuron.chat", str(chat_sft_run)]  # a run dir: its export
-    one_shot = subprocess.run([*command, "--prompt", "What is a sunset?"], cwd=REPO, capture_output=True, text=True)
-    assert (one_shot.returncode, one_shot.stdout) == (0, f"{ANSWER}\n")
-    session = subprocess.run(command, input="Hello there.\n/reset\nAnd the stars?\n/exit\n", cwd=REPO,
-                             capture_output=True, text=True)  # fmt: skip
-    assert session.returncode == 0
-    assert session.stdout.splitlines()[1:] == [f"you> {ANSWER}", f"you> you> {ANSWER}", "you> "]
-    missing = subprocess.run([*command[:-1], str(chat_sft_run / "nothing")], capture_output=True, text=True)
-    assert missing.returncode == 2 and "neither an HF model dir" in missing.stderr
+def test_the_chat_command_prints_the_reply_one_shot_and_interactively(chat_sft_run, monkeypatch, capsys):
+    """In-process (`main` is what `python -m qwen3_neuron.chat` runs): the trained export's replies."""
+    from qwen3_neuron.hf_io.chat import main
+
+    assert main([str(chat_sft_run), "--prompt", "What is a sunset?"]) == 0  # a run dir: its export
+    assert capsys.readouterr().out == f"{ANSWER}\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello there.\n/reset\nAnd the stars?\n/exit\n"))
+    assert main([str(chat_sft_run)]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [f"you> {ANSWER}", f"you> you> {ANSWER}", "you> "]
+    assert main([str(chat_sft_run / "nothing")]) == 2
+    assert "neither an HF model dir" in capsys.readouterr().err
 
 
 @pytest.mark.integration
-def test_lm_eval_scores_the_chat_export_above_the_untrained_base(chat_sft_run, assets):
+def test_lm_eval_scores_the_chat_export_above_the_untrained_base(chat_sft_run, assets, capsys):
     summary = json.loads((chat_sft_run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["eval_error"] is None
     trained_score = summary["eval"]["tiny_chat_answer"]["exact_match"]
@@ -313,11 +312,13 @@ def test_lm_eval_scores_the_chat_export_above_the_untrained_base(chat_sft_run, a
     assert results["results"]["tiny_chat_answer"]["exact_match,none"] == trained_score
     assert results["n-samples"]["tiny_chat_answer"]["effective"] == 16
 
-    # the same task on the untrained base, by the standalone command (an HF dir: scores on stdout)
-    base = subprocess.run([sys.executable, "-m", "qwen3_neuron.eval", str(assets.tiny_qwen3_dir), *EVAL_CHAT_ANSWER[1:]],
-                          cwd=REPO, capture_output=True, text=True, check=False)  # fmt: skip
-    assert base.returncode == 0, base.stderr[-3000:]
-    assert json.loads(base.stdout.splitlines()[-1]) == {"tiny_chat_answer": {"exact_match": 0.0}}
+    # the same task on the untrained base, by the standalone command in-process (`python -m
+    # qwen3_neuron.eval` runs this main; an HF dir: scores on stdout)
+    from qwen3_neuron.eval.__main__ import main
+
+    capsys.readouterr()
+    assert main([str(assets.tiny_qwen3_dir), *EVAL_CHAT_ANSWER[1:]]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {"tiny_chat_answer": {"exact_match": 0.0}}
     assert trained_score >= 0.9  # random weights never say "Answer: 42."; the fine-tuned model does
 
 
