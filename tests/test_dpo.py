@@ -28,8 +28,8 @@ from qwen3_neuron.finetune.dpo import (
     pair_terms,
     sequence_sums,
     step_loss,
-    token_logps,
 )
+from qwen3_neuron.finetune.logprobs import token_logps
 
 
 TRL_ROWS = [
