@@ -149,7 +149,8 @@ def test_the_chat_command_keeps_the_conversation_and_reset_clears_it_to_the_syst
     tools.write_text(json.dumps(TOOLS))
     code, out, chat = chat_command(monkeypatch, capsys, str(tmp_path), "--system", "Be brief.", "--tools", str(tools),
                                    typed="Hello.\nAnd then?\n/reset\nAgain.\n/exit\n")  # fmt: skip
-    system, user = {"role": "system", "content": "Be brief."}, lambda text: {"role": "user", "content": text}  # noqa: E731
+    system = {"role": "system", "content": "Be brief."}
+    user = lambda text: {"role": "user", "content": text}  # noqa: E731
     assert code == 0
     assert [messages for messages, _, _ in chat.calls] == [
         [system, user("Hello.")],
@@ -178,7 +179,8 @@ def test_the_chat_command_refuses_tools_that_are_not_a_list(tmp_path, monkeypatc
     from qwen3_neuron.hf_io import chat
 
     assert chat.main([str(tmp_path), "--tools", str(tmp_path / "tools.json"), "--prompt", "Hi?"]) == 2
-    assert capsys.readouterr().err == f"error: --tools {tmp_path / 'tools.json'}: expected a JSON list of tool schemas\n"
+    expected = f"error: --tools {tmp_path / 'tools.json'}: expected a JSON list of tool schemas\n"
+    assert capsys.readouterr().err == expected
 
 
 def test_chat_renders_system_and_tools_with_the_template_and_stops_a_base_model_at_its_end_of_turn(assets, capsys):

@@ -451,7 +451,8 @@ def test_the_projects_sequence_logps_are_trls_without_the_newline_after_the_end_
             ours = labels[input_dict[SEQUENCE_IDS] == side].tolist()
             assert ours[-1] == tokenizer.tokenizer.token_to_id("<|im_end|>")
             # TRL's row of the same response (its loader shuffles): exactly one, one token longer
-            [row] = [r for r in range(side * n, (side + 1) * n) if trl_labels[r][trl_labels[r] != -100].tolist() == ours + newline]
+            trained_by_trl = {r: trl_labels[r][trl_labels[r] != -100].tolist() for r in range(side * n, (side + 1) * n)}
+            [row] = [r for r, tokens in trained_by_trl.items() if tokens == ours + newline]
             last = trl_tokens[row][trl_labels[row] != -100][-1]  # TRL's one more token: the newline
             assert float(sums[0, side]) == pytest.approx(float(trl_tokens[row].sum() - last), rel=1e-5, abs=1e-5)
             assert float(last) < 0  # a token of its own, with its own probability
