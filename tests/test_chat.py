@@ -134,7 +134,7 @@ class RecordingChat:
 
 
 def chat_command(monkeypatch, capsys, *args: str, typed: str = "") -> tuple[int, list[str], RecordingChat]:
-    from qwen3_neuron.hf_io import chat
+    from qwen3_neuron.hf_io import chat_command as chat
 
     monkeypatch.setattr(chat, "Chat", RecordingChat)
     monkeypatch.setattr("sys.stdin", io.StringIO(typed))
@@ -176,7 +176,7 @@ def test_the_chat_command_one_shot_shows_reasoning_and_samples_on_request(tmp_pa
 def test_the_chat_command_refuses_tools_that_are_not_a_list(tmp_path, monkeypatch, capsys):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "tools.json").write_text(json.dumps(TOOLS[0]))
-    from qwen3_neuron.hf_io import chat
+    from qwen3_neuron.hf_io import chat_command as chat
 
     assert chat.main([str(tmp_path), "--tools", str(tmp_path / "tools.json"), "--prompt", "Hi?"]) == 2
     expected = f"error: --tools {tmp_path / 'tools.json'}: expected a JSON list of tool schemas\n"
@@ -187,7 +187,7 @@ def test_chat_renders_system_and_tools_with_the_template_and_stops_a_base_model_
     """A base dir (stops at EOS only): the note on stderr, and generate() told to stop at <|im_end|> too."""
     import torch
 
-    from qwen3_neuron.hf_io.chat import Chat
+    from qwen3_neuron.hf_io.chat_command import Chat
 
     chat = Chat(assets.tiny_qwen3_dir, "cpu")
     tokenizer = chat.tokenizer
@@ -294,7 +294,7 @@ def test_the_chat_export_answers_a_new_question_and_stops_at_the_end_of_its_turn
 @pytest.mark.integration
 def test_the_chat_command_prints_the_reply_one_shot_and_interactively(chat_sft_run, monkeypatch, capsys):
     """In-process (`main` is what `python -m qwen3_neuron.chat` runs): the trained export's replies."""
-    from qwen3_neuron.hf_io.chat import main
+    from qwen3_neuron.hf_io.chat_command import main
 
     assert main([str(chat_sft_run), "--prompt", "What is a sunset?"]) == 0  # a run dir: its export
     assert capsys.readouterr().out == f"{ANSWER}\n"
