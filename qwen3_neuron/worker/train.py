@@ -51,6 +51,7 @@ def main(run_dir: Path) -> None:
         from qwen3_neuron.config.job import Job
         from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
         from qwen3_neuron.finetune.dpo_step import install as install_dpo
+        from qwen3_neuron.finetune.grpo_step import install as install_grpo
         from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
         from qwen3_neuron.finetune.step_seed import seed_each_step
         from qwen3_neuron.hf_io.export import exports_hf
@@ -91,6 +92,8 @@ def main(run_dir: Path) -> None:
             seed_each_step(trainer)  # a resumed run draws the masks the uninterrupted one drew
         if settings.data.kind == "preference":
             install_dpo(trainer, settings.preference, lora)  # before the meter wraps the step it measures
+        if settings.data.kind == "prompts":
+            install_grpo(trainer, settings.grpo, config.debug.seed or 0)
         if config.checkpoint.create_seed_checkpoint:  # the plan checked world size 1, checkpoint.enable
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")
