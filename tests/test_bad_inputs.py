@@ -129,7 +129,7 @@ PLAN_TIME = [
     (["data=text", "data.hf_dataset=nobody/no-such-set"], ["set exactly one of files or hf_dataset (got both"]),
     (["data=mix", "data.sources=[{files:'{bad}/texts.jsonl',weight:0}]"], ["data.sources[0].weight=0.0", "must be > 0"]),
     (["data=mix", "data.sources=[{files:'{bad}/texts.jsonl',wieght:2}]"], ["data.sources[0].wieght", "'weight'"]),
-    (["data.files=/tmp/corpus.jsonl"], ["data.files applies to data=text|chat|mix|preference", "data=tiny"]),
+    (["data.files=/tmp/corpus.jsonl"], ["data.files applies to data=text|chat|mix|preference|prompts", "data=tiny"]),
     (["data=c4"], ["dataloader.dataset=c4: allenai/c4 is not in the local HF cache", "hf download allenai/c4"]),
     (["model=hf", "model.hf_model=nobody/no-such-model"],
      ["model.hf_model=nobody/no-such-model: not a local dir and not in the Hugging Face cache", "`hf download nobody/no-such-model`"]),

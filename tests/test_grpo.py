@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import read_jsonl, trained
 import torch
 
 from qwen3_neuron.finetune.grpo import (
@@ -124,3 +125,75 @@ def test_advantages_loss_clip_ratio_and_kl_are_trls(assets, tmp_path, loss_type,
         assert "kl" not in metrics and "kl" not in trl
     if reused:  # the data tests rely on: some tokens clipped on each side
         assert metrics["clip_ratio/low_mean"] > 0 and metrics["clip_ratio/high_mean"] > 0
+
+
+def _held_out_reward(model_dir, prompts_file) -> float:
+    """The digit_share reward of `model_dir`'s replies to held-out prompts: the chat template with
+    add_generation_prompt, Transformers' generate() sampling 4 replies each, the same seed for every model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from examples.my_rewards import digit_share
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rewards = []
+    for row in read_jsonl(prompts_file)[:12]:
+        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True)["input_ids"]  # fmt: skip
+        torch.manual_seed(0)
+        out = model.generate(ids, do_sample=True, max_new_tokens=12, num_return_sequences=4,
+                             pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+        replies = tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+        rewards += digit_share(replies)
+    return sum(rewards) / len(rewards)
+
+
+def test_grpo_raises_a_programs_reward_and_the_export_answers_better(tmp_path_factory, assets):
+    """experiment=cpu_qwen3_tiny_grpo: the digit-share reward of the sampled completions rises from
+    its first steps' mean to well above it, and the exported policy's replies to held-out prompts
+    score higher than the starting model's."""
+    run_dir = trained(tmp_path_factory.mktemp("grpo") / "run", "experiment=cpu_qwen3_tiny_grpo")
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "reward" in r]
+    assert [r["step"] for r in records] == list(range(1, 13))
+    first = sum(r["reward"] for r in records[:3]) / 3
+    last = sum(r["reward"] for r in records[-3:]) / 3
+    assert last > first + 0.2 and last > 5 * first, (first, last)
+    assert {"rewards/examples.my_rewards.digit_share/mean", "completions/mean_length", "completions/clipped_ratio",
+            "clip_ratio/region_mean", "generation_seconds", "training_seconds"} <= set(records[0])  # fmt: skip
+    assert "kl" not in records[0]  # beta 0: no reference, no KL
+    held_out = assets.preference_validation_file
+    start, tuned = _held_out_reward(assets.tiny_qwen3_dir, held_out), _held_out_reward(run_dir / "hf_export", held_out)
+    print(f"held-out digit_share: starting model {start:.4f}, exported policy {tuned:.4f}")
+    assert tuned > start + 0.1, (start, tuned)
+
+
+def test_a_prompt_row_becomes_a_padded_sample_with_its_columns(assets):
+    import json
+
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    from qwen3_neuron.data.dataset import PackedDataset
+    from qwen3_neuron.data.prompts import PROMPT, ROW, prompt_tokens
+    from qwen3_neuron.data.source import DataSource
+
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(assets.tiny_qwen3_dir))
+    source = DataSource(format="prompts", files=str(assets.preference_train_file), prompt_field="prompt")
+    messages = [{"role": "user", "content": "What is a deque?"}]
+    ids = prompt_tokens(tokenizer, {"prompt": messages}, source)
+    assert tokenizer.tokenizer.decode(ids, skip_special_tokens=False) == "<|im_start|>user\nWhat is a deque?<|im_end|>\n<|im_start|>assistant\n"
+    assert prompt_tokens(tokenizer, {"prompt": "Say hi"}, source) == tokenizer.encode("Say hi", add_bos=True, add_eos=False)
+
+    first_row = read_jsonl(assets.preference_train_file)[0]
+    input_dict, labels = next(iter(PackedDataset(source, tokenizer, seq_len=64)))
+    length = int(input_dict[PROMPT])
+    assert input_dict["input"].tolist()[:length] == prompt_tokens(tokenizer, first_row, source)
+    assert input_dict["input"].shape == labels.shape == (64,) and (labels == -100).all()
+    assert json.loads(input_dict[ROW]) == first_row  # every column reaches the rewards
+
+
+def test_only_completion_tokens_are_trained():
+    from qwen3_neuron.finetune.grpo_step import completion_labels
+
+    ids = torch.tensor([[1, 2, 3, 40, 41, 9, 0, 0], [1, 2, 40, 41, 42, 43, 44, 0]])
+    labels = completion_labels(ids, torch.tensor([3, 2]), torch.tensor([3, 5]))
+    assert labels.tolist() == [[-100, -100, 40, 41, 9, -100, -100, -100], [-100, 40, 41, 42, 43, 44, -100, -100]]

@@ -223,12 +223,7 @@ class GRPOStep:
     def _microbatches(self, model, sequences, local_advantages) -> list[tuple[dict, torch.Tensor]]:
         microbatches, offset = [], 0
         for ids, p, n in sequences:
-            positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
-            # the label of position j is token j + 1: a completion token's label sits one before it
-            trained = (positions >= p.unsqueeze(1) - 1) & (positions < (p + n).unsqueeze(1) - 1)
-            labels = torch.full_like(ids, IGNORE_INDEX)
-            labels[:, :-1] = ids[:, 1:]
-            labels = labels.masked_fill(~trained, IGNORE_INDEX)
+            labels = completion_labels(ids, p, n)
             input_dict = {"input": ids, ADVANTAGES: local_advantages[offset:offset + ids.shape[0]],
                           OLD_LOGPS: None, REFERENCE_LOGPS: None}  # fmt: skip
             offset += ids.shape[0]
@@ -261,6 +256,16 @@ class GRPOStep:
         if not parallel_dims.dp_enabled:
             return tensor
         return dist_utils.dist_sum_tensor(tensor, parallel_dims.get_mesh("batch"))
+
+
+def completion_labels(ids: torch.Tensor, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor) -> torch.Tensor:
+    """[B, S] labels of prompt + completion rows: the next token where it is a completion token
+    (the label of position j is token j + 1), IGNORE_INDEX elsewhere."""
+    positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+    start, end = prompt_lengths.unsqueeze(1) - 1, (prompt_lengths + completion_lengths).unsqueeze(1) - 1
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[:, :-1] = ids[:, 1:]
+    return labels.masked_fill((positions < start) | (positions >= end), IGNORE_INDEX)
 
 
 def install(trainer, grpo, seed: int) -> GRPOStep:
