@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from qwen3_neuron.data.chat import ChatFormatError, row_conversation, row_tools
+from qwen3_neuron.data.chat_rows import ChatFormatError, row_conversation, row_tools
 
 PROMPT = "prompt_length"  # a prompt sample's key: how many of its `input` tokens are the prompt
 ROW = "row"  # a prompt sample's key: the row's columns as JSON (the rewards read them)

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from qwen3_neuron.config.fields import apply_fields
+from qwen3_neuron.data.row_loading import resolve_files
 from qwen3_neuron.data.source import SourceFields
-from qwen3_neuron.data.sources import resolve_files
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.eval.eval_section import EvalSettings
 from qwen3_neuron.eval.objective import check_objective
-from qwen3_neuron.eval.settings import EvalSettings
+from qwen3_neuron.fields import apply_fields
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
 
 MOE_KERNELS = "qwen3_neuron.kernels.moe."  # factories replacing MoE experts (kernels=blockwise|nki)
@@ -128,6 +128,11 @@ class RunSettings:
     24 GiB on trn2, the GPU's, the CPU's system memory shared by the node's ranks): fail stops a
     plan that does not fit, naming its biggest parts and what would bring it under; warn lets it
     start with a warning; off does not compare (the estimate is still recorded)."""
+
+    measure_memory: bool = False
+    """Measure one training step (the second) under torch's MemTracker, which sees every live
+    tensor, temporaries included: step_memory.json, summary.json's `tracked_peak_gib` and the
+    end-of-run memory line, beside the plan's estimate. That step runs several times slower."""
 
     objective: str = "final_loss"
     """summary.json field a sweep job returns (Optuna's value; its direction is hydra.sweeper.direction):
