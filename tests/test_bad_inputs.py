@@ -152,7 +152,7 @@ PLAN_TIME = [
     ([*GRPO, "training.local_batch_size=6"], ["a rank's batch of 6 completions", "whole groups of grpo.num_generations=4"]),
     ([*GRPO, "grpo.max_completion_length=60"],
      ["row 0's prompt is", "grpo.max_completion_length=60 more must fit in training.seq_len=64", "raise training.seq_len"]),
-    (["model=hf", "data=prompts", "grpo.rewards=[qwen3_neuron.rewards.length_penalty]"],
+    (["model=hf", "data=prompts", "grpo.rewards=[qwen3_neuron.finetune.rewards.length_penalty]"],
      ["data=prompts samples completions from the model", "nothing loads weights", "checkpointing=from_hf"]),
     ([*GRPO, "parallelism=tp"], ["data=prompts with tensor parallelism (degree 2) is not built", "parallelism=fsdp"]),
     ([*GRPO, "grpo.rewards=[examples.my_rewards.nothing]"],

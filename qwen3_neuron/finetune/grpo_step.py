@@ -14,7 +14,7 @@ metrics stay torchtitan's. A step:
    (temperature, then top-p, Transformers' own logits warpers), seeded by the step and the rank;
    a completion ends at the tokenizer's end-of-turn (<|im_end|>, kept in it) or at
    `max_completion_length` (then counted as clipped);
-2. rewards on each rank (`finetune.rewards`), gathered over the data-parallel ranks: advantages
+2. rewards on each rank (`finetune.reward_calls`), gathered over the data-parallel ranks: advantages
    over the global batch, as TRL's; each rank keeps its own completions' advantages;
 3. torchtitan's `train_step` over the microbatches of completions: per-token log-probabilities
    through the chunked lm_head (`finetune.logprobs`), the clipped surrogate, the loss normalised
@@ -49,7 +49,7 @@ from qwen3_neuron.finetune.grpo import (
     total_rewards,
 )
 from qwen3_neuron.finetune.logprobs import hidden_states_out, model_token_logps
-from qwen3_neuron.finetune.rewards import load_rewards
+from qwen3_neuron.finetune.reward_calls import load_rewards
 
 METRIC_PREFIX = "grpo/"  # the step's GRPO metrics in torchtitan's metrics dict
 END_OF_TURN = "<|im_end|>"

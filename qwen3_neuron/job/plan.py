@@ -243,7 +243,7 @@ def _check_preference(config: Trainer.Config, settings: Settings, world_size: in
 
 def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int) -> None:
     """data=prompts: GRPO samples from a model that already writes, in whole groups per rank."""
-    from qwen3_neuron.finetune.rewards import load_rewards
+    from qwen3_neuron.finetune.reward_calls import load_rewards
 
     grpo = settings.grpo
     load_rewards(grpo.rewards, grpo.reward_weights)  # importable, callable, one weight each

@@ -239,7 +239,7 @@ class GRPOSettings:
     """data=prompts: GRPO with verifiable rewards (Shao et al. 2024), with TRL 1.16's names and formulas."""
 
     rewards: list[str] = field(default_factory=list)
-    """module.function reward functions, called as TRL calls them (qwen3_neuron.rewards has general ones)."""
+    """module.function reward functions, called as TRL calls them (qwen3_neuron.finetune.rewards has general ones)."""
 
     reward_weights: list[float] | None = None
     """One weight per reward (the total is their weighted sum); null: 1 each."""
