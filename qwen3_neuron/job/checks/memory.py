@@ -435,7 +435,12 @@ def _logits_bytes(config, s: _Shape, degrees, fsdp: bool, head_trainable: bool) 
     head = vocab * s.dim
     compute, param = DTYPE_BYTES[config.training.mixed_precision_param], DTYPE_BYTES[config.training.dtype]
     if fsdp:
-        weights = head * compute + (3 * head * param if head_trainable else 0)
+        # the gathered weight and a chunk's gradient (compute dtype), the unsharded gradient kept
+        # across the chunks and the reduce-scatter's shard of it (FSDP's reduce dtype)
+        reduce = DTYPE_BYTES[config.training.mixed_precision_reduce]
+        shards = degrees.dp_shard * degrees.cp
+        gradients = head * compute + head * reduce + math.ceil(head / shards) * reduce
+        weights = head * compute + (gradients if head_trainable else 0)
         copies = 1 if head_trainable else LOGIT_COPIES - 1
     else:
         weights = head * param if head_trainable else 0
