@@ -52,6 +52,7 @@ def main(run_dir: Path) -> None:
 
         from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
         from qwen3_neuron.finetune.dpo_step import install as install_dpo
+        from qwen3_neuron.finetune.grpo_step import install as install_grpo
         from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
         from qwen3_neuron.finetune.step_seed import seed_each_step
         from qwen3_neuron.hf_io.export import exports_hf
@@ -100,6 +101,8 @@ def main(run_dir: Path) -> None:
         if settings.data.kind == "preference":
             dpo = install_dpo(trainer, settings.preference, lora)  # before the meters wrap the step they measure
             held = dpo.frozen.copies if dpo.frozen is not None else []
+        if settings.data.kind == "prompts":
+            install_grpo(trainer, settings.grpo, config.debug.seed or 0)
         if config.checkpoint.create_seed_checkpoint:  # the plan checked world size 1, checkpoint.enable
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")
