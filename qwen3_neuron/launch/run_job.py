@@ -418,6 +418,8 @@ def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
     say(f"command: {plan.command_line()}")
     shown = "" if verbose else "; run.verbose=true prints it too"
     say(f"dry run: nothing started; the full config: {run_dir / TRAINER_CONFIG_FILE}{shown}")
+    for note in plan.memory.notes:  # what the estimate assumed (the attention kernel, the optimizer)
+        say(f"memory: {note}")
     say(plan.memory.line())
 
 
