@@ -15,6 +15,7 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.data.preference import pair_tokens, row_pair
+from qwen3_neuron.data.prompts import prompt_field, prompt_tokens
 from qwen3_neuron.data.row_loading import first_rows, is_validation_row
 from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.errors import ConfigError
@@ -36,8 +37,9 @@ def _check_hub_cache(repo_id: str, key: str) -> None:
         )
 
 
-def check_data(config: Trainer.Config, world_size: int) -> None:
-    """Raise ConfigError on a data section the workers could not train on."""
+def check_data(config: Trainer.Config, world_size: int, completion_tokens: int = 0) -> None:
+    """Raise ConfigError on a data section the workers could not train on. `completion_tokens`:
+    data=prompts, the room each prompt must leave in training.seq_len (grpo.max_completion_length)."""
     loader = config.dataloader
     if getattr(loader, "dataset", None) in HUB_REGISTERED and not loader.dataset_path:
         _check_hub_cache(HUB_REGISTERED[loader.dataset], f"dataloader.dataset={loader.dataset}")
@@ -47,6 +49,9 @@ def check_data(config: Trainer.Config, world_size: int) -> None:
     _check_vocab(tokenizer, config)
     keys = ["data"] if len(loader.sources) == 1 else [f"data.sources[{i}]" for i in range(len(loader.sources))]
     for key, source in zip(keys, loader.sources):
+        if source.format == "prompts":
+            _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens)
+            continue
         rows = _check_source(source, key, f"{key}.files", tokenizer, config.training.seq_len)
         if source.val_fraction:
             _check_carve(rows, source, key, world_size)
@@ -122,6 +127,29 @@ def _check_source(source: DataSource, key: str, files_key: str, tokenizer, seq_l
         except ChatFormatError as e:
             raise ConfigError(f"{where}: row {index} of {source.name()}: {e}") from e
     return rows
+
+
+def _check_prompts(source: DataSource, tokenizer, seq_len: int, completion_tokens: int) -> None:
+    """data=prompts: the prompt column there, and each first prompt leaving room for a completion."""
+    where = source.hf_dataset or "data.files"
+    rows = first_rows(source, PEEK_ROWS, "data.files")
+    if not rows:
+        raise ConfigError(f"{where}: no rows in {source.name()}")
+    field = prompt_field(source)
+    if field not in rows[0]:
+        raise ConfigError(f"data.prompt_field={field} is not a column of {source.name()}; its columns: "
+                          f"{', '.join(sorted(rows[0]))}")  # fmt: skip
+    for index, row in enumerate(rows):
+        try:
+            length = len(prompt_tokens(tokenizer, row, source))
+        except ChatFormatError as e:
+            raise ConfigError(f"{where}: row {index} of {source.name()}: {e}") from e
+        if length + completion_tokens > seq_len:
+            raise ConfigError(
+                f"{where}: row {index}'s prompt is {length} tokens, and grpo.max_completion_length="
+                f"{completion_tokens} more must fit in training.seq_len={seq_len}: raise training.seq_len to at "
+                f"least {length + completion_tokens} or lower grpo.max_completion_length."
+            )
 
 
 def _check_pair(renderer: ChatRenderer, pair, seq_len: int, key: str) -> None:

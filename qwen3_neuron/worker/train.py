@@ -18,6 +18,7 @@ from pathlib import Path
 
 from qwen3_neuron.devices.fixes import install
 from qwen3_neuron.job.job import recorded_device
+from qwen3_neuron.parent_death import die_with_parent
 from qwen3_neuron.process_exit import exit_without_teardown
 from qwen3_neuron.worker.failure import record_failure
 from qwen3_neuron.run_dir import (
@@ -32,6 +33,7 @@ from qwen3_neuron.run_dir import (
 
 
 def main(run_dir: Path) -> None:
+    die_with_parent(os.getppid())  # torchrun's end (the launcher's end ends torchrun) ends this rank
     handoff = Handoff.from_env()
     request = handoff.read_request(run_dir) if handoff else None  # the launcher's settled job, before job.yaml
     install(recorded_device(request["job"] if request else read_job(run_dir)))  # before torchtitan copies it
@@ -53,11 +55,13 @@ def main(run_dir: Path) -> None:
 
         from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
         from qwen3_neuron.finetune.dpo_step import install as install_dpo
+        from qwen3_neuron.finetune.grpo_step import install as install_grpo
         from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
         from qwen3_neuron.finetune.step_seed import seed_each_step
         from qwen3_neuron.hf_io.export import exports_hf
         from qwen3_neuron.job.job import Job
         from qwen3_neuron.job.trainer_config import build_trainer_config
+        from qwen3_neuron.worker.lr_schedule import follow_one_schedule, schedule_end
         from qwen3_neuron.worker.step_memory import measure_one_step, write_step_memory
         from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
         from qwen3_neuron.worker.what_ran import check_overrides_replaced, record_what_ran
@@ -91,6 +95,9 @@ def main(run_dir: Path) -> None:
     exports = exports_hf(config)
     try:
         trainer = config.build()
+        follow_one_schedule(trainer, schedule_end(config))  # before train() loads a checkpoint
+        if handoff and os.environ.get("LOCAL_RANK") == "0":
+            handoff.remove_files(run_dir)  # every rank of this node has built: none reads them again
         kernels = settings.kernels
         if kernels.overrides and not kernels.allow_unused and config.parallelism.pipeline_parallel_degree == 1:
             check_overrides_replaced(trainer, kernels.overrides)  # every rank, before the first step
@@ -100,6 +107,8 @@ def main(run_dir: Path) -> None:
         if settings.data.kind == "preference":
             dpo = install_dpo(trainer, settings.preference, lora)  # before the meters wrap the step they measure
             held = dpo.frozen.copies if dpo.frozen is not None else []
+        if settings.data.kind == "prompts":
+            install_grpo(trainer, settings.grpo, config.debug.seed or 0)
         if config.checkpoint.create_seed_checkpoint:  # the plan checked world size 1, checkpoint.enable
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")
