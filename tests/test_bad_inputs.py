@@ -282,7 +282,7 @@ def test_bad_input_on_the_command_line_exits_non_zero_and_writes_nothing(
 # Every mistake answered in one sentence, from the launcher, the workers and the commands alike:
 # (command, exit code, the console's exact first line on stderr). "{x}" fills in below.
 TOPLEVEL = ("activation_checkpoint, checkpoint, checkpointing, comm, compile, data, dataloader, debug, device, eval, "
-            "experiment, finetune, hf, hf_assets_path, hydra, kernels, loss, lr_scheduler, metrics, model, optimizer, "
+            "experiment, finetune, grpo, hf, hf_assets_path, hydra, kernels, loss, lr_scheduler, metrics, model, optimizer, "
             "override, parallelism, preference, profiler, run, tokenizer, training, validator")  # fmt: skip
 ANSWERS = [
     (["launch.py", "optimizer.lr=fast"], 2, "Config error: Wrong type for 'optimizer.lr': expected float, got str 'fast'."),
@@ -294,7 +294,7 @@ ANSWERS = [
     (["launch.py", "checkpointing=[from_hf,exporthf]"], 2, "Config error: checkpointing=exporthf: no such option. Did "
                                                           "you mean 'export_hf'? The options of checkpointing: export_hf, from_hf, none, periodic."),
     (["launch.py", "data=chats"], 2, "Config error: data=chats: no such option. Did you mean 'chat'? "
-                                     "The options of data: c4, chat, mix, preference, text, tiny."),
+                                     "The options of data: c4, chat, mix, preference, prompts, text, tiny."),
     (["launch.py", "device=cuda"], 2, "Config error: device.type=cuda: device=cuda is not available: this torch "
                                       "({torch}) is a CPU-only build. Install a CUDA build, e.g. `pip install torch "
                                       "--index-url https://download.pytorch.org/whl/cu128`, on a machine with an NVIDIA GPU."),

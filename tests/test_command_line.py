@@ -8,7 +8,7 @@ import pytest
 from qwen3_neuron.launch.hydra_setup import command_line_mistake
 
 SECTIONS = ("activation_checkpoint, checkpoint, checkpointing, comm, compile, data, dataloader, debug, device, eval, "
-            "experiment, finetune, hf, hf_assets_path, hydra, kernels, loss, lr_scheduler, metrics, model, optimizer, "
+            "experiment, finetune, grpo, hf, hf_assets_path, hydra, kernels, loss, lr_scheduler, metrics, model, optimizer, "
             "override, parallelism, preference, profiler, run, tokenizer, training, validator")  # fmt: skip
 
 
@@ -17,7 +17,7 @@ SECTIONS = ("activation_checkpoint, checkpoint, checkpointing, comm, compile, da
     (["checkpointing=[from_hf,exporthf]"], "checkpointing=exporthf: no such option. Did you mean 'export_hf'? "
                                            "The options of checkpointing: export_hf, from_hf, none, periodic."),
     (["-m", "data=chat,chats"], "data=chats: no such option. Did you mean 'chat'? "
-                                "The options of data: c4, chat, mix, preference, text, tiny."),
+                                "The options of data: c4, chat, mix, preference, prompts, text, tiny."),
     (["dump_folder=/tmp/x"], "'dump_folder' is set by the framework; set hydra.run.dir instead."),
 ])  # fmt: skip
 def test_a_misspelled_section_or_group_option_is_named_with_what_is_valid(args, message):
