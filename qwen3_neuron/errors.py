@@ -10,6 +10,11 @@ class ConfigError(Qwen3NeuronError, ValueError):
     """Bad input found at plan time; the message names the key and what would be valid."""
 
 
+class DataError(Qwen3NeuronError, ValueError):
+    """Rows found unfit while training (past the first rows the plan checks); the message names
+    the file and line of the first and what to change."""
+
+
 class DeviceUnavailableError(Qwen3NeuronError, ValueError):
     """The requested device cannot be used here; the message says what is missing."""
 

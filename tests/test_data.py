@@ -213,7 +213,8 @@ def test_overlong_conversations_are_truncated_or_dropped_and_counted(tmp_path, t
     samples = list(truncated)
     assert truncated.stats["truncated"] == 1 and truncated.stats["documents"] == 2
     assert all(s["input"].shape == (96,) for s, _ in samples)
-    dropped = PackedDataset(DataSource(files=str(files), format="chat", overlong="drop"), tokenizer, seq_len=96, infinite=False)
+    dropping = DataSource(files=str(files), format="chat", overlong="drop", max_dropped=None)  # half of them
+    dropped = PackedDataset(dropping, tokenizer, seq_len=96, infinite=False)
     list(dropped)
     assert dropped.stats["dropped"] == 1 and dropped.stats["documents"] == 1
 

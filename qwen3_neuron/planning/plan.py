@@ -135,7 +135,7 @@ def make_plan(
     check_initial_hf_load(config, model.kind)  # from_hf: safetensors present, arch matches
     _check_export(config, settings)
     _check_local_paths(config)
-    check_data(config, world_size)  # first rows only: fields, conversations, chat template, validation set
+    check_data(config, world_size, warn)  # first rows only: fields, conversations, chat template, validation set
     model_on_meta = meta_model(config)  # built once for the LoRA note, the counts and the estimate
     if settings.finetune.method == "lora":
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
