@@ -117,6 +117,7 @@ PLAN_TIME = [
       "cut there, nothing of it would be trained. Raise training.seq_len"]),
     (["data=chat", "training.seq_len=32"],
      ["training.seq_len=32: 22 of the first 64 rows of ", "would be dropped (34 %, more than data.max_dropped=0.1)"]),
+    (["data=chat", "data.max_dropped=5"], ["data.max_dropped=5.0: a share of the rows read, in [0, 1) (0.1: a tenth), or null"]),
     ([*CHAT, "data.files={bad}/one_long_prompt.jsonl", "training.seq_len=40"],
      ["training.seq_len=40: 1 of the 3 rows of {bad}/one_long_prompt.jsonl would be dropped (33 %, more than "
       "data.max_dropped=0.1); the first: {bad}/one_long_prompt.jsonl line 2: the prompt alone is ",

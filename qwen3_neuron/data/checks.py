@@ -54,6 +54,9 @@ def check_data(config: Trainer.Config, world_size: int, warn: Callable[[str], No
     _check_vocab(tokenizer, config)
     keys = ["data"] if len(loader.sources) == 1 else [f"data.sources[{i}]" for i in range(len(loader.sources))]
     for key, source in zip(keys, loader.sources):
+        if source.max_dropped is not None and not 0 <= source.max_dropped < 1:
+            raise ConfigError(f"{key}.max_dropped={source.max_dropped}: a share of the rows read, in [0, 1) "
+                              "(0.1: a tenth), or null for no limit")  # fmt: skip
         rows = _check_source(source, key, f"{key}.files", tokenizer, config.training.seq_len, warn)
         if source.val_fraction:
             _check_carve(rows, source, key, world_size)

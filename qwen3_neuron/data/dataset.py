@@ -192,7 +192,7 @@ class PackedDataset(IterableDataset, Stateful):
             if not self.infinite:
                 self._ready += self._packer.flush()
                 yield from self._hand_out()
-                logger.warning(f"[qwen3-neuron data] {self.source.name()}: out of data on rank {self.rank}")
+                logger.info(f"[qwen3-neuron data] {self.source.name()}: out of data on rank {self.rank}")  # as planned
                 return
             if rows_this_epoch == 0 and self._sample_idx == 0:
                 raise RuntimeError(
