@@ -28,8 +28,8 @@ from qwen3_neuron.finetune.dpo import (
     pair_terms,
     sequence_sums,
     step_loss,
-    token_logps,
 )
+from qwen3_neuron.finetune.logprobs import token_logps
 
 
 def _trl_trainer(model_dir, ref_model, model, loss_type: str, beta: float, label_smoothing: float, sft_weight: float,

@@ -28,16 +28,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torchtitan.components.loss import IGNORE_INDEX
 
 LOSS_TYPES = ("sigmoid", "ipo", "robust")
-
-
-def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log p(label) per position (float32), 0 where the label is IGNORE_INDEX. [B, S]"""
-    safe = labels.clamp(min=0)
-    logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, safe.unsqueeze(-1)).squeeze(-1)
-    return logps.masked_fill(labels == IGNORE_INDEX, 0.0)
 
 
 def sequence_sums(per_token: torch.Tensor, sequence_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,8 +42,8 @@ from qwen3_neuron.finetune.dpo import (
     pair_terms,
     sequence_sums,
     step_loss,
-    token_logps,
 )
+from qwen3_neuron.finetune.logprobs import model_token_logps
 
 METRIC_PREFIX = "preference/"  # the step's DPO metrics in torchtitan's metrics dict
 VALIDATION_PREFIX = "validation_metrics/"
@@ -216,7 +216,7 @@ class PreferenceStep:
 
 def _sequence_logps(model, inputs, labels, extra_kwargs, sequence_ids) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's log-probability of each sequence's trained tokens, summed, and their counts."""
-    return sequence_sums(token_logps(model(inputs, **extra_kwargs), labels), sequence_ids)
+    return sequence_sums(model_token_logps(model, inputs, labels, extra_kwargs), sequence_ids)
 
 
 def _counts(sequence_ids: torch.Tensor) -> tuple[int, int]:
