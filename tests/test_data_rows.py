@@ -173,3 +173,22 @@ def test_show_data_reads_the_rows_once_and_never_packs_a_conversation_twice(tmp_
     assert [text.count(reply) for reply in replies] == [1, 1, 1]
     assert text.endswith("=== rank 0's rows end after 1 sample(s) ===")
     assert "re-looped" not in caplog.text
+
+
+def test_the_progress_line_warns_once_more_than_1_percent_of_rows_go_untrained(tmp_path):
+    """Rank 0's share, as its metrics.jsonl records it (worker.metrics), read by the launcher."""
+    import io
+
+    from qwen3_neuron.launch.progress import Progress
+    from qwen3_neuron.worker.metrics import JsonlLogger
+
+    metrics = tmp_path / "metrics.jsonl"
+    writer = JsonlLogger(str(metrics), world_size=1)
+    progress = Progress(metrics, total_steps=3, stream=io.StringIO())
+    writer.log({"loss_metrics/global_avg_loss": 7.0, "data/rows_not_trained": 0.01}, step=1)
+    progress._poll()
+    assert "rows not trained" not in progress.line()
+    writer.log({"loss_metrics/global_avg_loss": 6.9, "data/rows_not_trained": 0.3314}, step=2)
+    progress._poll()
+    assert progress.line().startswith("[qwen3-neuron]  step 2/3  loss 6.9000  WARNING 33.1% rows not trained  ETA ")
+    writer.close()

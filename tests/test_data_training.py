@@ -69,6 +69,8 @@ def test_chat_run_trains_and_its_loss_falls(chat_run):
     summary = summary_of(chat_run[0])
     assert summary["status"] == "completed" and summary["steps"] == CHAT_STEPS
     assert summary["final_loss"] < summary["first_loss"] - 0.2
+    # rank 0's share of rows dropped or skipped so far, for the progress line: none here
+    assert [r["rows_not_trained"] for r in read_jsonl(chat_run[0] / "metrics.jsonl") if "loss" in r] == [0.0] * CHAT_STEPS
 
 
 def test_chat_validation_loss_reaches_metrics_summary_and_progress_line(chat_run):

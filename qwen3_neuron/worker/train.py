@@ -87,6 +87,7 @@ def main(run_dir: Path) -> None:
     exports = exports_hf(config)
     try:
         trainer = config.build()
+        trainer.metrics_processor.data_stats = getattr(trainer.dataloader, "data_stats", None)  # the progress line's
         if lora and settings.finetune.dropout:
             seed_each_step(trainer)  # a resumed run draws the masks the uninterrupted one drew
         if settings.data.kind == "preference":
