@@ -259,7 +259,14 @@ def read_data_stats(run_dir: Path) -> dict[str, Any] | None:
                     examples.setdefault(fate, []).extend(rows)
             else:
                 total[name] = total.get(name, 0) + value
+    examples = {fate: sorted(rows, key=_file_order) for fate, rows in examples.items()}
     return {**total, "examples": examples, "packing_efficiency": packing_efficiency(total)}
+
+
+def _file_order(example: str) -> tuple[str, int]:
+    """"/data/chats.jsonl line 12: why" -> ("/data/chats.jsonl", 12): the ranks' rows in file order."""
+    placed = re.match(r"(.*?) (?:line|item) (\d+): ", example)
+    return (placed[1], int(placed[2])) if placed else (example, 0)
 
 
 def packing_efficiency(stats: dict[str, int]) -> float | None:
