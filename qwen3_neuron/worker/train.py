@@ -141,7 +141,7 @@ def _record_data_stats(trainer, run_dir: Path, logger) -> None:
         return
     rank = int(os.environ.get("RANK", "0"))
     write_data_stats(run_dir, rank, stats)
-    counts = ", ".join(f"{k} {v:,}" for k, v in stats.items())
+    counts = ", ".join(f"{k} {v:,}" for k, v in stats.items() if k != "examples")  # those: the end-of-run lines
     efficiency = packing_efficiency(stats)
     if efficiency is not None:
         counts += f", packing efficiency {efficiency:.4f}"
