@@ -14,6 +14,7 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/peak_flops.json     the peak MFU is measured against
     <run dir>/memory_estimate.json  the plan's tensor memory estimate per rank
     <run dir>/tensor_memory.json  the tensor memory rank 0 measured while training
+    <run dir>/step_memory.json    run.measure_memory: one step's peak of every live tensor (rank 0)
     <run dir>/data_stats/rank_N.json  what rank N's data pipeline read, packed, truncated, dropped
     <run dir>/what_ran/rank_N.json  what rank N's model ran: override modules, attention, compile counters
     <run dir>/data_cache/         datasets' Arrow cache of local data files (data=text|chat|mix)
@@ -54,6 +55,7 @@ METRICS_FILE = "metrics.jsonl"
 PEAK_FLOPS_FILE = "peak_flops.json"
 MEMORY_ESTIMATE_FILE = "memory_estimate.json"
 TENSOR_MEMORY_FILE = "tensor_memory.json"
+STEP_MEMORY_FILE = "step_memory.json"
 SUMMARY_FILE = "summary.json"
 DATA_STATS_DIR = "data_stats"
 WHAT_RAN_DIR = "what_ran"

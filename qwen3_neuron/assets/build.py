@@ -40,7 +40,7 @@ from functools import partial
 from pathlib import Path
 
 from qwen3_neuron.assets.atomic_dir import building
-from qwen3_neuron.models.tiny import TINY_DENSE, TINY_MOE, TINY_VOCAB_SIZE
+from qwen3_neuron.models.tiny import TINY_DENSE, TINY_DENSE_REAL_VOCAB, TINY_MOE, TINY_VOCAB_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +168,12 @@ class AssetPaths:
     preference_dataset_dir: Path  # prompt / chosen / rejected pairs (data=preference)
 
     @property
+    def real_vocab_qwen3_dir(self) -> Path:
+        """The tiny dense model at Qwen3's real vocabulary (42 M parameters, 168 MB): built on
+        demand by `build_real_vocab_model`, not with the other assets."""
+        return self.root / "tiny_qwen3_real_vocab"
+
+    @property
     def text_train_file(self) -> Path:
         return self.text_dataset_dir / "train.jsonl"
 
@@ -243,6 +249,16 @@ def build_assets(root: Path | None = None, force: bool = False) -> AssetPaths:
         if force or not final_dir.is_dir():
             _build_atomically(final_dir, write)
     return paths
+
+
+def build_real_vocab_model(root: Path | None = None) -> Path:
+    """The tiny dense Qwen3 with Qwen3's 151,936-row vocabulary (the tokenizer stays the tiny
+    one: a model vocabulary larger than its tokenizer's is normal, Qwen3's own is)."""
+    paths = build_assets(root)
+    if not paths.real_vocab_qwen3_dir.is_dir():
+        write = partial(write_tiny_model, tokenizer_dir=paths.tokenizer_dir, moe=False, real_vocab=True)
+        _build_atomically(paths.real_vocab_qwen3_dir, write)
+    return paths.real_vocab_qwen3_dir
 
 
 def _build_atomically(final_dir: Path, write: Callable[[Path], None]) -> None:
@@ -406,8 +422,9 @@ def write_preference_dataset(out_dir: Path) -> None:
                     file.write(json.dumps(pair, ensure_ascii=False) + "\n")
 
 
-def write_tiny_model(out_dir: Path, tokenizer_dir: Path, moe: bool) -> None:
-    """Save a seeded, untrained TINY_DENSE Qwen3 (or TINY_MOE Qwen3-MoE) with the tokenizer."""
+def write_tiny_model(out_dir: Path, tokenizer_dir: Path, moe: bool, real_vocab: bool = False) -> None:
+    """Save a seeded, untrained TINY_DENSE Qwen3 (TINY_DENSE_REAL_VOCAB, or TINY_MOE Qwen3-MoE)
+    with the tokenizer."""
     import torch
     from tokenizers import Tokenizer
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -416,7 +433,8 @@ def write_tiny_model(out_dir: Path, tokenizer_dir: Path, moe: bool) -> None:
     if moe:
         config_class, model_class, architecture = Qwen3MoeConfig, Qwen3MoeForCausalLM, TINY_MOE
     else:
-        config_class, model_class, architecture = Qwen3Config, Qwen3ForCausalLM, TINY_DENSE
+        config_class, model_class = Qwen3Config, Qwen3ForCausalLM
+        architecture = TINY_DENSE_REAL_VOCAB if real_vocab else TINY_DENSE
     # Qwen3 has no bos token; eos doubles as pad, as in the tokenizer.
     special_ids = dict(bos_token_id=None, eos_token_id=eos_id, pad_token_id=eos_id)
     config = config_class(**{**architecture, **special_ids})

@@ -129,6 +129,11 @@ class RunSettings:
     plan that does not fit, naming its biggest parts and what would bring it under; warn lets it
     start with a warning; off does not compare (the estimate is still recorded)."""
 
+    measure_memory: bool = False
+    """Measure one training step (the second) under torch's MemTracker, which sees every live
+    tensor, temporaries included: step_memory.json, summary.json's `tracked_peak_gib` and the
+    end-of-run memory line, beside the plan's estimate. That step runs several times slower."""
+
     objective: str = "final_loss"
     """summary.json field a sweep job returns (Optuna's value; its direction is hydra.sweeper.direction):
     final_loss, first_loss, val_loss, tokens_per_second, mfu, peak_memory_gib, wall_seconds, or

@@ -5,6 +5,7 @@ tiny HF model dirs (Transformers) are built from these numbers, so weights move 
 """
 
 TINY_VOCAB_SIZE = 2048
+QWEN3_VOCAB_SIZE = 151_936  # every published Qwen3's embedding rows (its tokenizer has 151,669)
 
 TINY_DENSE = dict(
     vocab_size=TINY_VOCAB_SIZE,
@@ -24,6 +25,10 @@ TINY_DENSE = dict(
 # across stages, so this is the tiny model PP trains (a tied dir's embedding copied to lm_head
 # loads into it as the same function).
 TINY_DENSE_UNTIED = {**TINY_DENSE, "tie_word_embeddings": False}
+
+# TINY_DENSE at Qwen3's real vocabulary (42 M parameters): the logits, not the layers, decide
+# whether a step fits, as in the runs people train; the memory benchmark and its test use it.
+TINY_DENSE_REAL_VOCAB = {**TINY_DENSE, "vocab_size": QWEN3_VOCAB_SIZE}
 
 TINY_MOE = dict(
     vocab_size=TINY_VOCAB_SIZE,

@@ -1,8 +1,18 @@
-"""Will it fit? The tensor memory one rank needs, estimated from the final Trainer.Config.
+"""Will it fit? The tensor memory one rank needs at the peak of a step, estimated from the final
+Trainer.Config.
 
-    per rank = parameters + gradients + optimizer states      (local shards, exact sizes)
-             + activations: what autograd holds for backward at the end of forward
-             + recompute: one block rebuilt in backward under activation checkpointing
+    per rank = parameters + optimizer states (+ DPO's frozen reference)   (local shards, exact sizes)
+             + the largest of the step's three moments:
+               at the loss          activations held for backward + the logits' working memory of
+                                    one loss chunk + the lm_head's weight gradient
+               early in backward    activations + one block recomputed (activation checkpointing)
+                                    + the lm_head's weight gradient
+               end of backward      every gradient + the embedding's dense weight gradient in flight
+
+At Qwen3's 151,936-token vocabulary the loss is usually the peak: a chunk's logits, their float32
+log-softmax and their gradients (`LOGIT_COPIES` of [chunk tokens, vocab] float32) beside every
+saved activation. The loss and every per-token log-probability (DPO's, GRPO's) go through lm_head
+a chunk of the sequence at a time (torchtitan's ChunkedLossWrapper, finetune/logprobs.py).
 
 - Parameters are counted on the model built on the meta device (torchtitan's own builder, as the
   trainer does before parallelizing; well under a second for 32B) and sharded as the layout
@@ -22,9 +32,10 @@
   each token (balanced routing assumed). Full activation checkpointing keeps each block's input;
   selective keeps the block input plus every other matmul output and the attention outputs.
 
-Not in the estimate: transient working memory (gradient buffers in flight, FSDP's all-gathered
-layer, allocator fragmentation) and what a compiler keeps. `bench/memory_estimate.py` compares
-the estimate with what runs measure (qwen3_neuron.worker.tensor_memory).
+Not in the estimate: FSDP's all-gathered layer and gradient buffers in flight, the optimizer
+step's working buffers, allocator fragmentation, and what a compiler keeps. `run.measure_memory`
+measures a step's true peak (torch's MemTracker, every live tensor); `bench/memory_at_scale.py`
+compares the two at real sizes.
 """
 
 from __future__ import annotations
@@ -60,6 +71,11 @@ SDPA_ON_BLOCK_MASK = (
     "qwen3_neuron.kernels.attention.neuron.sdpa_for_neuron",
 )
 FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"
+LM_HEAD = re.compile(r"(^|\.)(lm_head|output)\.weight$")
+EMBEDDING = re.compile(r"(^|\.)(tok_embeddings|embed_tokens)\.weight$")
+# [chunk tokens, vocab] float32 tensors alive at once in a loss chunk's backward: the logits (or
+# their float32 copy), the log-softmax kept for backward, and the gradient flowing back
+LOGIT_COPIES = 3  # (measured with torch's MemTracker on CPU; see bench/memory_at_scale.py)
 
 
 @dataclass
@@ -71,6 +87,8 @@ class MemoryEstimate:
     optimizer_gib: float
     activations_gib: float
     recompute_gib: float
+    logits_gib: float  # one loss chunk's logits working memory, at the loss
+    peak_at: str  # the moment of the step the total is taken at: "the loss", "early backward", "end of backward"
     device: str
     ranks_per_node: int
     notes: list[str] = field(default_factory=list)
@@ -86,6 +104,7 @@ class MemoryEstimate:
             "gradients": self.gradients_gib,
             "optimizer states": self.optimizer_gib,
             "activations": self.activations_gib,
+            "logits (one loss chunk)": self.logits_gib,
             "recompute": self.recompute_gib,
             "DPO reference": self.reference_gib,
         }
@@ -93,7 +112,8 @@ class MemoryEstimate:
     def line(self) -> str:
         device = f"{self.device_gib:.1f} GiB" if self.device_gib is not None else "unknown"
         shown = ", ".join(f"{name} {gib:.2f}" for name, gib in self.parts().items() if gib)
-        return f"memory per rank: {self.per_rank_gib:.2f} GiB of {device} ({self.device}) = {shown}"
+        return (f"memory per rank: {self.per_rank_gib:.2f} GiB of {device} ({self.device}), peak at "
+                f"{self.peak_at}; parts: {shown}")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -115,16 +135,28 @@ def estimate_memory(
     gradients = counts.trainable_elements * param_bytes  # a frozen (finetune=lora) base has none
     optimizer, notes = _optimizer_bytes(config, counts)
     activations, recompute = _activation_bytes(config, shape, degrees, device)
+    tied = not any(LM_HEAD.search(name) for name in counts.names)  # the lm_head is the embedding's weight
+    head_trainable = _trainable(counts, EMBEDDING if tied else LM_HEAD)
+    logits = _logits_bytes(config, shape, degrees, fsdp=_fsdp_wrapped(shape, degrees), head_trainable=bool(head_trainable))
+    head_gradient = head_trainable * param_bytes
+    moments = {
+        "the loss": activations + logits + head_gradient,
+        "early backward": activations + recompute + head_gradient,
+        # the embedding's backward makes a dense [vocab, dim] gradient, added to the one kept
+        "end of backward": gradients + _trainable(counts, EMBEDDING) * param_bytes,
+    }
+    peak_at = max(moments, key=moments.get)
     reference = parameters if frozen_reference else 0  # finetune=lora's reference: the adapters off, no copy
-    parts = [parameters, gradients, optimizer, activations, recompute, reference]
     return MemoryEstimate(
-        per_rank_gib=sum(parts) / GIB,
+        per_rank_gib=(parameters + optimizer + reference + moments[peak_at]) / GIB,
         device_gib=device_memory_gib(device, ranks_per_node),
         parameters_gib=parameters / GIB,
         gradients_gib=gradients / GIB,
         optimizer_gib=optimizer / GIB,
         activations_gib=activations / GIB,
         recompute_gib=recompute / GIB,
+        logits_gib=logits / GIB,
+        peak_at=peak_at,
         device=device,
         ranks_per_node=ranks_per_node,
         notes=notes,
@@ -240,6 +272,7 @@ class _LocalCounts:
     trainable_elements: int = 0  # of those, the ones with gradients and optimizer states
     tensors: int = 0  # trainable parameter tensors (each gets an optimizer step scalar)
     by_name: dict[str, int] = field(default_factory=dict)  # trainable ones
+    names: list[str] = field(default_factory=list)  # every parameter (a tied weight once)
 
 
 def meta_model(config):
@@ -270,6 +303,7 @@ def _local_parameter_counts(model_on_meta, degrees) -> _LocalCounts:
                 shape[dim] = math.ceil(shape[dim] / degrees.tp)
             shape[0] = math.ceil(shape[0] / fsdp)  # FSDP2 pads dim 0: rank 0 holds a full chunk
         local = math.prod(shape)
+        counts.names.append(name)
         if degrees.pp > 1 and LAYER.search(name):
             local = math.ceil(local / degrees.pp)  # each stage holds 1/pp of the layers
         counts.elements += local
@@ -278,6 +312,11 @@ def _local_parameter_counts(model_on_meta, degrees) -> _LocalCounts:
             counts.tensors += 1
             counts.by_name[name] = local
     return counts
+
+
+def _trainable(counts: _LocalCounts, name: re.Pattern) -> int:
+    """Local elements of the trainable parameters whose name matches (a tied lm_head is the embedding)."""
+    return sum(local for parameter, local in counts.by_name.items() if name.search(parameter))
 
 
 def _optimizer_bytes(config, counts: _LocalCounts) -> tuple[int, list[str]]:
@@ -375,19 +414,40 @@ def _selective_bytes(s: _Shape, tokens, compute, tp) -> int:
 
 
 def _outside_layers_bytes(config, s: _Shape, tokens, compute, tp, sp) -> int:
-    """Token ids, the final norm, the lm_head's input and the loss's float32 log-probabilities
-    (of one chunk with torchtitan's ChunkedLossWrapper, which runs each chunk's backward at once)."""
-    from torchtitan.components.loss import ChunkedLossWrapper
-
+    """Token ids and the final norm (the hidden states the loss chunks read)."""
     norm_out = FLOAT32 if s.backend == "native" else compute
     final_norm = (tokens * s.dim * (FLOAT32 + norm_out) + tokens * FLOAT32) // sp
-    loss = config.loss
-    chunk = tokens // loss.num_chunks if isinstance(loss, ChunkedLossWrapper.Config) else tokens
-    head_input = chunk * s.dim * compute
-    log_probs = chunk * (s.vocab // tp) * FLOAT32 + chunk * INT64
     # HF computes RoPE's cos and sin once per step, (batch, 1, seq, head_dim) each
     rope = 2 * tokens * s.head_dim * compute if s.backend == "hf" else 0
-    return tokens * INT64 + final_norm + head_input + log_probs + rope
+    return tokens * INT64 + final_norm + rope
+
+
+def _logits_bytes(config, s: _Shape, degrees, fsdp: bool, head_trainable: bool) -> int:
+    """The loss's working memory in a chunk's backward (the whole sequence is one chunk without
+    ChunkedLossWrapper): [chunk, vocab] float32 logits and their gradient, and [vocab, dim]
+    weight-sized buffers of the lm_head: under FSDP its all-gathered weight (kept across the
+    chunks) and, when it trains, its unsharded gradient, the chunk's new gradient and the
+    reduce-scatter's buffer; without FSDP, the chunk's new gradient before it is added."""
+    from torchtitan.components.loss import ChunkedLossWrapper
+
+    tokens = config.training.local_batch_size * config.training.seq_len // degrees.cp
+    loss = config.loss
+    chunk = math.ceil(tokens / loss.num_chunks) if isinstance(loss, ChunkedLossWrapper.Config) else tokens
+    vocab = math.ceil(s.vocab / degrees.tp)
+    head = vocab * s.dim
+    compute, param = DTYPE_BYTES[config.training.mixed_precision_param], DTYPE_BYTES[config.training.dtype]
+    if fsdp:
+        weights = head * compute + (3 * head * param if head_trainable else 0)
+        copies = 1 if head_trainable else LOGIT_COPIES - 1
+    else:
+        weights = head * param if head_trainable else 0
+        copies = LOGIT_COPIES - 1
+    return copies * chunk * vocab * FLOAT32 + chunk * INT64 + weights
+
+
+def _fsdp_wrapped(s: _Shape, degrees) -> bool:
+    """torchtitan wraps the model in FSDP2 when it shards, and the Transformers backend always."""
+    return s.backend == "hf" or degrees.dp_shard * degrees.cp > 1
 
 
 def _dense_mask(config, shape: _Shape, device: str) -> bool:

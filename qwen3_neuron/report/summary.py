@@ -17,6 +17,7 @@ from qwen3_neuron.run_dir import (
     FAILURE_FILE,
     LOG_FILE,
     MEMORY_ESTIMATE_FILE,
+    STEP_MEMORY_FILE,
     PEAK_FLOPS_FILE,
     STOP_FILE,
     SUMMARY_FILE,
@@ -68,6 +69,8 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         # the plan's estimate per rank and what rank 0 measured (qwen3_neuron.planning.memory)
         "memory_estimate_gib": (read_json(run_dir / MEMORY_ESTIMATE_FILE) or {}).get("per_rank_gib"),
         "tensor_memory_gib": (read_json(run_dir / TENSOR_MEMORY_FILE) or {}).get("tensor_memory_gib"),
+        # run.measure_memory: one step's peak of every live tensor (MemTracker), by category
+        **_step_memory(read_json(run_dir / STEP_MEMORY_FILE) or {}),
         "wall_seconds": round(wall_seconds, 3),
         "error": None,
         "flops_per_token": flops_per_token,
@@ -117,6 +120,15 @@ def what_ran(run_dir: Path) -> dict[str, Any]:
 
 
 PREFERENCE_FIELDS = ("reward_accuracy", "reward_margin", "rewards_chosen", "rewards_rejected")
+
+
+def _step_memory(record: dict[str, Any]) -> dict[str, Any]:
+    keys = ("tracked_peak_gib", "max_memory_allocated_gib", "max_memory_reserved_gib")
+    fields = {key: record[key] for key in keys if key in record}
+    if "by_category_gib" in record:
+        fields["tracked_peak_by_category_gib"] = record["by_category_gib"]
+        fields["tracked_step"] = record["step"]
+    return fields
 
 
 def _preference(last: dict[str, Any], validation: dict[str, Any]) -> dict[str, Any]:
@@ -188,10 +200,18 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     if summary.get("mfu") is not None:
         speed.append(f"mfu {100 * summary['mfu']:.2f}%")
     memory = [f"{label} {summary[key]:.3g} GiB" for key, label in
-              (("peak_memory_gib", "peak"), ("tensor_memory_gib", "tensors"), ("memory_estimate_gib", "estimate"))
+              (("peak_memory_gib", "peak"), ("tensor_memory_gib", "tensors"), ("tracked_peak_gib", "tracked step peak"),
+               ("max_memory_allocated_gib", "max allocated"), ("memory_estimate_gib", "estimate"))
               if summary.get(key) is not None]  # fmt: skip
     if speed or memory:
         lines.append("speed: " + (", ".join(speed) or "-") + "; memory per rank: " + (", ".join(memory) or "-"))
+    categories = summary.get("tracked_peak_by_category_gib")
+    if categories:  # run.measure_memory
+        shown = ", ".join(f"{name} {gib:.3g}" for name, gib in categories.items() if gib >= 0.0005)
+        ratio = ""
+        if summary.get("memory_estimate_gib"):
+            ratio = f"; estimate / tracked {summary['memory_estimate_gib'] / summary['tracked_peak_gib']:.2f}"
+        lines.append(f"memory of step {summary['tracked_step']} at its peak (every live tensor, GiB): {shown}{ratio}")
     if summary.get("data_stats"):
         lines += data_lines(summary["data_stats"])
     compiled = summary.get("compiled")

@@ -15,7 +15,7 @@ import inspect
 from pathlib import Path
 from typing import Any, Mapping
 
-from torchtitan.components.loss import CrossEntropyLoss
+from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.trainer import Trainer
 
 from qwen3_neuron.config.fields import apply_fields, unknown_key_message
@@ -52,6 +52,7 @@ def build_trainer_config(job: Job, run_dir: Path) -> Trainer.Config:
         config = apply_fields(config, {section: values}, "")
     if settings.model.kind == "hf":
         configure_hf_trainer(config, model_dir)  # hf_model + hf_assets_path -> the model dir
+    _chunk_the_loss(config)
     _set_loss_vocab(config)
     if settings.finetune.method == "lora":
         config.checkpoint = lora_checkpoint_config(config.checkpoint)  # adapter-only checkpoints
@@ -136,6 +137,13 @@ def _apply_optimizer_shorthands(config: Trainer.Config, values: Mapping[str, Any
             for group in config.optimizer.param_groups:
                 group.optimizer_kwargs[key] = tuple(value) if key == "betas" else value
     return values
+
+
+def _chunk_the_loss(config: Trainer.Config) -> None:
+    """The loss through lm_head a sequence chunk at a time, as torchtitan's Qwen3 configs have it
+    (its Transformers-backend configs take the full [batch, seq, vocab] float32 logits)."""
+    if type(config.loss) is CrossEntropyLoss.Config:
+        config.loss = ChunkedLossWrapper.Config(loss_fn=config.loss)
 
 
 def _set_loss_vocab(config: Trainer.Config) -> None:

@@ -55,6 +55,7 @@ def main(run_dir: Path) -> None:
         from qwen3_neuron.finetune.step_seed import seed_each_step
         from qwen3_neuron.hf_io.export import exports_hf
         from qwen3_neuron.trainer_config.build import build_trainer_config
+        from qwen3_neuron.worker.step_memory import measure_one_step, write_step_memory
         from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
         from qwen3_neuron.worker.what_ran import record_what_ran
     except ImportError:
@@ -90,15 +91,20 @@ def main(run_dir: Path) -> None:
         trainer.metrics_processor.data_stats = getattr(trainer.dataloader, "data_stats", None)  # the progress line's
         if lora and settings.finetune.dropout:
             seed_each_step(trainer)  # a resumed run draws the masks the uninterrupted one drew
+        held = []  # tensors kept across steps besides the model's and the optimizer's
         if settings.data.kind == "preference":
-            install_dpo(trainer, settings.preference, lora)  # before the meter wraps the step it measures
+            dpo = install_dpo(trainer, settings.preference, lora)  # before the meters wrap the step they measure
+            held = dpo.frozen.copies if dpo.frozen is not None else []
         if config.checkpoint.create_seed_checkpoint:  # the plan checked world size 1, checkpoint.enable
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")
         else:
             meter = measure_training(trainer)  # tensor_memory.json: what the plan's estimate predicts
+            step_memory = measure_one_step(trainer, config.training.steps, held) if settings.run.measure_memory else None
             trainer.train()
             write_measurement(trainer, meter, run_dir)
+            if step_memory is not None:
+                write_step_memory(step_memory, run_dir)
             if lora:
                 save_adapters_for_export(trainer, config)  # the HF save drops the adapters
         if exports and torch.distributed.is_initialized():
