@@ -17,7 +17,7 @@ def main() -> int:
 
     @hydra.main(version_base="1.3", config_path="conf", config_name="config")
     def run(cfg: DictConfig) -> float | None:
-        from qwen3_neuron.launch.job import run_job  # once composed: a misspelled group option need not wait
+        from qwen3_neuron.launch.run_job import run_job  # once composed: a misspelled group option need not wait
 
         outcomes.append(run_job(cfg))
         return outcomes[-1].objective

@@ -96,6 +96,7 @@ class Row:
     errors: list[str] = field(default_factory=list)
     skipped: bool = False  # it would not have fitted in the budget (said in errors): no failure
     config_diff: list[str] = field(default_factory=list)
+    memory: dict[str, float | None] = field(default_factory=dict)  # launch.py's summary: estimate, tracked, allocated
 
     @property
     def compiled(self) -> bool:
@@ -117,7 +118,8 @@ def rows(device: str, sizes: Sizes, hf_dir: Path) -> list[Row]:
         "dataloader.dataset_path": paths.text_dataset_dir,
     }
     tokenizer = {"hf_assets_path": paths.tokenizer_dir}
-    one_rank = [f"device={device}", "run.nproc_per_node=1"]
+    # step 2 (a warm-up step, untimed) under torch's MemTracker: the plan's estimate beside it and CUDA's allocator peak
+    one_rank = [f"device={device}", "run.nproc_per_node=1", "run.measure_memory=true"]
     native = [*one_rank, "model=native", f"model.config_fn={sizes.native_config}",
               f"model.flavor={sizes.native_flavor}"]  # fmt: skip
     moe = [*one_rank, "model=moe", f"model.config_fn={MOE_CONFIG}", f"model.flavor={sizes.moe_flavor}"]
@@ -256,6 +258,8 @@ def run_rows(args, table: list[Row], sizes: Sizes, runs: Path) -> None:
         row.peak_flops = peak["flops_per_second"] if peak else None
         counted = [r["flops_per_token"] for r in read_metrics(run_dir) if r.get("flops_per_token")] if row.ours else []
         row.flops_per_token = counted[-1] if counted else None
+        summary = read_json(run_dir / "summary.json") or {}
+        row.memory = {key: summary.get(key) for key in MEMORY_KEYS}
         if (run_dir / "trainer_config.json").is_file():
             try:
                 row.config_diff = config_differences(bare_args, run_dir / "trainer_config.json", args.device)
@@ -310,7 +314,9 @@ def fmt(value: float | None, spec: str) -> str:
 
 
 COLUMNS = ("config", "bare tok/s", "ours tok/s", "ratio", "bare MFU", "ours MFU", "loss max diff",
-           "bare 1st step s", "ours 1st step s")  # fmt: skip
+           "bare 1st step s", "ours 1st step s", "estimate GiB", "tracked step GiB", "max allocated GiB",
+           "estimate / allocated")  # fmt: skip
+MEMORY_KEYS = ("memory_estimate_gib", "tracked_peak_gib", "max_memory_allocated_gib")
 
 
 SHEET_COLUMNS = ("bare MFU sheet", "ours MFU sheet")
@@ -333,6 +339,8 @@ def table_lines(table: list[Row], sheet_peak: float | None = None) -> list[str]:
             row.name, fmt(bare_tps, ",.0f"), fmt(ours_tps, ",.0f"), fmt(ratio(ours_tps, bare_tps), ".3f"),
             percent(bare_mfu), percent(ours_mfu), fmt(loss_difference(row), ".2g"),
             fmt(row.bare and row.bare.first_step_s, ".1f"), fmt(row.ours and row.ours.first_step_s, ".1f"),
+            *(fmt(row.memory.get(key), ".3f") for key in MEMORY_KEYS),
+            fmt(ratio(row.memory.get("memory_estimate_gib"), row.memory.get("max_memory_allocated_gib")), ".3f"),
         ]  # fmt: skip
         if sheet_peak:
             cells += [percent(mfu(row, row.bare, sheet_peak)), percent(mfu(row, row.ours, sheet_peak))]

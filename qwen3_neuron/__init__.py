@@ -4,11 +4,12 @@ Two sides of one boundary (torchrun's):
 
     launcher process (Hydra)                         torchrun workers (no Hydra)
     launch/   compose, the job, start, report        worker/   local rank 0 plans; every rank trains
-    report/   summary, sweep table                   planning/ the plan: checks, record (rank 0)
-                                                     trainer_config/  the build (every rank)
-    config/   the one job, parsed once (both sides, no torchtitan)
+    report/   summary, sweep table
+    job/      the one job, parsed once, and its plan (checks, record) and build (both sides)
 
-Both sides use `models/`, `devices/`, `kernels/` (what torchtitan builds and runs) and agree on
-the files of a run dir through `run_dir.py`; `errors.py` holds the error classes;
-`process_exit.py` ends a finished worker or launcher without the interpreter's teardown.
+Both sides use `models/`, `data/`, `finetune/`, `devices/`, `kernels/` (what torchtitan builds
+and runs) and agree on the files of a run dir through `run_dir.py`; `errors.py` holds the error
+classes, `fields.py` checks YAML values onto config dataclasses; `process_exit.py` ends a
+finished worker or launcher without the interpreter's teardown. Imports point down only
+(DEVELOPING.md, "How it works").
 """

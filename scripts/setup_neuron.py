@@ -11,7 +11,7 @@ This installs the project's own dependencies (pyproject's, and the dev extra's f
 never torch or torchtitan: they, torch-neuronx and (where installed) neuronx-cc and nki are held at
 their installed versions by a pip constraints file, so a dependency that wanted another version
 makes pip fail instead of swapping them. Then the project itself, editable, with --no-deps. Whether that torchtitan has every API
-the project uses is checked by each launch's plan (qwen3_neuron/planning/torchtitan_api.py).
+the project uses is checked by each launch's plan (qwen3_neuron/job/checks/torchtitan_api.py).
 """
 
 from __future__ import annotations

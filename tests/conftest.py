@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from qwen3_neuron.assets.build import ASSETS_ENV_VAR, build_assets
-from qwen3_neuron.config.job import Job
+from qwen3_neuron.job.job import Job
 from qwen3_neuron.launch import hydra_setup as project_compose
 from qwen3_neuron.report.peak_flops import CACHE_ENV_VAR
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import SESSION_CACHE, compose_job, launch, processes_mentioning
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.job.plan import make_plan
 
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"

@@ -12,11 +12,11 @@ import pytest
 import torch
 from conftest import compose_config, compose_job, launch
 
-from qwen3_neuron.config.job import Job
-from qwen3_neuron.planning.plan import make_plan
-from qwen3_neuron.planning.record import write_record
+from qwen3_neuron.job.job import Job
+from qwen3_neuron.job.plan import make_plan
+from qwen3_neuron.job.record import write_record
+from qwen3_neuron.job.trainer_config import build_trainer_config
 from qwen3_neuron.run_dir import read_job
-from qwen3_neuron.trainer_config.build import build_trainer_config
 
 _opened: list[str] | None = None  # the files opened while a test records, else None
 
@@ -118,9 +118,10 @@ def test_a_plan_parses_the_settings_builds_the_config_and_the_meta_model_once(tm
     more); every other rank parses and builds once too (`Job.read`, `build_trainer_config`)."""
     from collections import Counter
 
-    from qwen3_neuron.config import settings
-    from qwen3_neuron.planning import memory, plan
-    from qwen3_neuron.trainer_config import build
+    from qwen3_neuron.job import settings
+    from qwen3_neuron.job import plan
+    from qwen3_neuron.job import trainer_config as build
+    from qwen3_neuron.job.checks import memory
 
     counts = Counter()
 

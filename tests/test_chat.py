@@ -17,7 +17,7 @@ from conftest import REPO, launch, trained
 from test_data import spans_of
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-from qwen3_neuron.data.chat import SHAREGPT_ROLES, ChatFormatError, ChatRenderer, row_conversation
+from qwen3_neuron.data.chat_rows import SHAREGPT_ROLES, ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.source import DataSource
 
 TOOLS = [{"type": "function", "function": {

@@ -10,13 +10,13 @@ import pytest
 from conftest import compose_config, compose_job, launch
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config import trainer_keys as trainer_keys_module
-from qwen3_neuron.config.job import Job
-from qwen3_neuron.config.settings import parse_settings
-from qwen3_neuron.config.trainer_keys import KEYS_FILE, check_trainer_keys, installed_torchtitan, trainer_keys
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.job import trainer_keys as trainer_keys_module
+from qwen3_neuron.job.job import Job
+from qwen3_neuron.job.plan import make_plan
+from qwen3_neuron.job.settings import parse_settings
+from qwen3_neuron.job.trainer_keys import KEYS_FILE, check_trainer_keys, installed_torchtitan, trainer_keys
 from qwen3_neuron.launch.hydra_setup import TRAINER_SECTIONS
-from qwen3_neuron.planning.plan import make_plan
 
 
 def plan_for(tmp_path, *overrides):
@@ -26,13 +26,13 @@ def plan_for(tmp_path, *overrides):
 def test_default_config_plans_tiny_native_on_two_cpu_ranks(tmp_path, assets):
     plan = plan_for(tmp_path)
     config = plan.trainer_config
-    assert (plan.device, plan.nproc_per_node) == ("cpu", 2)
+    assert (plan.device, plan.launch.nproc_per_node) == ("cpu", 2)
     assert config.model_spec.name == "qwen3" and config.model_spec.flavor == "tiny"
     assert (config.training.steps, config.training.seq_len, config.training.local_batch_size) == (30, 256, 4)
     assert config.dump_folder == str(tmp_path / "run")
     assert config.hf_assets_path == str(assets.tokenizer_dir)
     assert config.dataloader.dataset_path == str(assets.text_dataset_dir)
-    assert "--nproc_per_node=2" in plan.command and plan.command[-2:] == ["qwen3_neuron.worker.train", str(tmp_path / "run")]
+    assert "--nproc_per_node=2" in plan.launch.command and plan.launch.command[-2:] == ["qwen3_neuron.worker.train", str(tmp_path / "run")]
     # fields nobody set keep the base config function's (qwen3_32b) values
     assert config.checkpoint.export_dtype == "float16"
     assert config.optimizer.param_groups[0].optimizer_kwargs["weight_decay"] == 0.1
@@ -58,7 +58,7 @@ def test_hydra_opens_exactly_torchtitans_trainer_sections():
 
 
 def test_the_launchers_trainer_keys_are_torchtitans_own():
-    # stale after a torchtitan upgrade: python -m qwen3_neuron.config.trainer_keys rewrites it
+    # stale after a torchtitan upgrade: python -m qwen3_neuron.job.trainer_keys rewrites it
     assert json.loads(KEYS_FILE.read_text())[installed_torchtitan()] == trainer_keys()
 
 
@@ -79,7 +79,7 @@ def test_for_a_torchtitan_it_has_no_keys_of_the_launcher_says_once_that_the_plan
     assert capsys.readouterr().err == (
         "[qwen3-neuron] note: trainer_keys.json has no keys of torchtitan 0.2.2+neuron.2 (it has 0.3.0): a "
         "misspelled key of torchtitan's sections is found by the plan, in torchrun's local rank 0, instead of "
-        "before torchrun starts (python -m qwen3_neuron.config.trainer_keys writes them)\n"
+        "before torchrun starts (python -m qwen3_neuron.job.trainer_keys writes them)\n"
     )
 
 
@@ -93,7 +93,7 @@ def test_the_plan_says_when_the_launchers_keys_disagree_with_torchtitans_classes
     assert note == (
         "trainer_keys.json's keys of torchtitan 0.3.0 for qwen3:qwen3_32b are not the installed classes' (only in "
         "the file: training.stpes; only in torchtitan: training.steps): the launcher may refuse a valid key, or "
-        "leave a misspelled one to this plan. Rewrite them: python -m qwen3_neuron.config.trainer_keys"
+        "leave a misspelled one to this plan. Rewrite them: python -m qwen3_neuron.job.trainer_keys"
     )
 
 

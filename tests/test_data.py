@@ -10,11 +10,11 @@ import pytest
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-from qwen3_neuron.data.chat import ChatRenderer, Conversation, row_conversation
+from qwen3_neuron.data.chat_rows import ChatRenderer, Conversation, row_conversation
 from qwen3_neuron.data.dataset import PackedDataset
 from qwen3_neuron.data.packing import Packer, document
 from qwen3_neuron.data.source import DataSource
-from qwen3_neuron.data.sources import read_row
+from qwen3_neuron.data.row_loading import read_row
 from qwen3_neuron.run_dir import read_data_stats, write_data_stats
 
 CONVERSATION = [
@@ -294,7 +294,7 @@ def test_txt_sample_by_makes_a_document_of_each_paragraph_file_or_line(tmp_path,
 def test_data_txt_sample_by_reaches_the_loader(tmp_path, assets):
     from conftest import compose_job
 
-    from qwen3_neuron.planning.plan import make_plan
+    from qwen3_neuron.job.plan import make_plan
 
     (tmp_path / "notes.txt").write_text(NOTES)
     job = compose_job("data=text", f"data.files={tmp_path / 'notes.txt'}", "data.txt_sample_by=line")
@@ -357,7 +357,7 @@ def test_show_data_prints_rank_0_samples_with_the_spans_without_loss_marked(tmp_
     from conftest import compose_job
 
     from qwen3_neuron.data.preview import show_samples
-    from qwen3_neuron.planning.plan import make_plan
+    from qwen3_neuron.job.plan import make_plan
 
     overrides = ("data=chat", "data.packing=greedy", "training.seq_len=256", "run.show_data=1")  # in row order
     plan = make_plan(compose_job(*overrides), tmp_path / "run")
@@ -377,7 +377,7 @@ def test_show_data_from_the_command_line_prints_the_samples_and_starts_nothing(t
     from conftest import compose_job, launch
 
     from qwen3_neuron.data.preview import show_samples
-    from qwen3_neuron.planning.plan import make_plan
+    from qwen3_neuron.job.plan import make_plan
 
     overrides = ("data=chat", "training.seq_len=256", "run.show_data=2")
     run_dir = tmp_path / "run"
@@ -424,7 +424,7 @@ def test_a_mix_interleaves_text_and_chat_sources_by_weight(tmp_path, tokenizer, 
     from conftest import compose_job
 
     from qwen3_neuron.data.loader import PackedDataLoader
-    from qwen3_neuron.planning.plan import make_plan
+    from qwen3_neuron.job.plan import make_plan
 
     texts = write_jsonl(tmp_path / "texts.jsonl", [{"text": f"plain text number {i}"} for i in range(50)])
     chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 50)

@@ -16,7 +16,7 @@ from test_data import CONVERSATION, datasets_cache_in_tmp, tokenizer, write_json
 
 from qwen3_neuron.data.dataset import PackedDataset
 from qwen3_neuron.data.source import DataSource
-from qwen3_neuron.data.sources import first_rows
+from qwen3_neuron.data.row_loading import first_rows
 from qwen3_neuron.errors import ConfigError, DataError
 from qwen3_neuron.report.summary import summary_lines
 from qwen3_neuron.run_dir import read_data_stats, write_data_stats
@@ -142,7 +142,7 @@ def test_the_end_of_run_lines_account_for_every_row_of_every_rank(tmp_path):
 def test_the_plan_says_what_the_first_rows_lose_at_this_seq_len(tmp_path, assets):
     from conftest import compose_job
 
-    from qwen3_neuron.planning.plan import make_plan
+    from qwen3_neuron.job.plan import make_plan
 
     rows = [{"messages": CONVERSATION}, LONG_PROMPT, LONG_REPLY, {"messages": CONVERSATION}]
     path = write_jsonl(tmp_path / "chats.jsonl", rows)
@@ -161,7 +161,7 @@ def test_show_data_reads_the_rows_once_and_never_packs_a_conversation_twice(tmp_
     from conftest import compose_job
 
     from qwen3_neuron.data.preview import show_samples
-    from qwen3_neuron.planning.plan import make_plan
+    from qwen3_neuron.job.plan import make_plan
 
     replies = [f"Reply number {i}." for i in range(3)]
     rows = [{"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": r}]} for r in replies]

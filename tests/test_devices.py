@@ -66,7 +66,7 @@ def test_the_build_probe_agrees_with_torch_and_a_cpu_job_starts_torchrun_without
     # the launcher's path up to torchrun's start, in a fresh interpreter: auto on a CPU build
     probe = (
         "import sys; from pathlib import Path\n"
-        "from qwen3_neuron.config.torchrun import worker_launch\n"
+        "from qwen3_neuron.job.torchrun import worker_launch\n"
         "sys.path.insert(0, 'tests'); from conftest import compose_job\n"
         "job = compose_job('device=auto').settled()\n"
         f"launch = worker_launch(job, Path({str(tmp_path)!r}))\n"

@@ -16,7 +16,7 @@ from test_data import spans_of
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from qwen3_neuron.assets.build import PREFERENCE_CHOSEN
-from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer
+from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer
 from qwen3_neuron.data.dataset import PackedDataset
 from qwen3_neuron.data.packing import SEQUENCE_IDS
 from qwen3_neuron.data.preference import pair_tokens, row_pair
@@ -297,8 +297,8 @@ def test_a_dpo_run_starts_at_ln2_learns_the_preference_and_exports_the_tuned_pol
 def test_dpo_metrics_reach_the_summary_the_sweep_table_the_objective_and_the_progress_line(tmp_path):
     from test_sweeps import csv_rows, write_records
 
+    from qwen3_neuron.eval.eval_section import EvalSettings
     from qwen3_neuron.eval.objective import check_objective
-    from qwen3_neuron.eval.settings import EvalSettings
     from qwen3_neuron.launch.progress import Progress
     from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value
     from qwen3_neuron.report.sweep_table import write_report

@@ -13,10 +13,10 @@ import json
 import pytest
 
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.eval.eval_section import EvalSettings
 from qwen3_neuron.eval.objective import check_objective, check_objective_metric, objective_value
 from qwen3_neuron.eval.run import check_export_planned, evaluate_run
-from qwen3_neuron.eval.settings import EvalSettings
-from qwen3_neuron.eval.tasks import check_tasks, task_manager
+from qwen3_neuron.eval.task_checks import check_tasks, task_manager
 from qwen3_neuron.report.sweep_table import write_report
 
 CHAT_ANSWER = EvalSettings(kind="lm_eval", tasks=["tiny_chat_answer"])
@@ -96,7 +96,7 @@ def test_a_failed_evaluation_keeps_the_run_and_says_what_failed(tmp_path, regist
 
 
 def test_a_completed_run_resumed_with_new_eval_keys_is_evaluated_only(tmp_path):
-    from qwen3_neuron.eval.resume import rescore_settings
+    from qwen3_neuron.eval.completed_run import rescore_settings
     from qwen3_neuron.report.summary import sweep_job_value
 
     summary = {"status": "completed", "eval": {"tiny_chat_answer": {"exact_match": 0.5}}}

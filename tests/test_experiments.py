@@ -16,10 +16,11 @@ from conftest import compose_config, compose_job, launch
 
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.job.checks.layout import resolve_degrees
+from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.launch.hydra_setup import CONF_DIR, experiment_without_plus
 from qwen3_neuron.models.flavors import moe_dims
-from qwen3_neuron.planning.layout import resolve_degrees
-from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.run_dir import group_replacements
 
 NKI = "qwen3_neuron.kernels.moe.nki.nki_experts"
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
@@ -32,10 +33,10 @@ def dry_run(tmp_path, experiment, *overrides):
 
 def assert_one_trn2_node(plan):
     """64 ranks on one node, Neuron runtime/compiler env, the neuron compile backend."""
-    assert (plan.device, plan.nproc_per_node, plan.world_size) == ("neuron", 64, 64)
-    assert "--standalone" in plan.command and "--nproc_per_node=64" in plan.command
-    assert plan.env["NEURON_LOGICAL_NC_CONFIG"] == "2"
-    assert "--logical-nc-config=2" in plan.env["NEURON_CC_FLAGS"]
+    assert (plan.device, plan.launch.nproc_per_node, plan.world_size) == ("neuron", 64, 64)
+    assert "--standalone" in plan.launch.command and "--nproc_per_node=64" in plan.launch.command
+    assert plan.launch.env["NEURON_LOGICAL_NC_CONFIG"] == "2"
+    assert "--logical-nc-config=2" in plan.launch.env["NEURON_CC_FLAGS"]
     config = plan.trainer_config
     assert config.compile.enable and config.compile.backend == "neuron"
     degrees = resolve_degrees(config.parallelism, plan.world_size)
@@ -66,7 +67,7 @@ def test_trn2_qwen3_moe_nki_plans_64_experts_nki_dp64(tmp_path, assets):
     assert (NKI, {"block_size": 128}) in config.override.imports
     if not HAS_TORCH_NEURONX:  # the NKI factory cannot load here; the plan says so, checks the rest
         assert any("kernels.factories not applied in this dry run" in note and NKI in note for note in plan.notes)
-        assert devices.NEURON_ATTENTION_OVERRIDE in plan.replacements_by_override()
+        assert devices.NEURON_ATTENTION_OVERRIDE in group_replacements(plan.replacements)
 
 
 def test_trn2_qwen3_4b_hf_plans_from_hf_with_export(tmp_path, assets):

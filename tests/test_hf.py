@@ -23,11 +23,11 @@ from safetensors.torch import load_file, save_file
 
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.hf_io import export, verify
+from qwen3_neuron.job.record import weights_were_loaded
 from qwen3_neuron.models.flavors import native_model_spec
 from qwen3_neuron.models.hf import model_dir as hf_model
 from qwen3_neuron.models.hf import spec as hf_spec
 from qwen3_neuron.models.hf import state_dict as hf_state_dict
-from qwen3_neuron.planning.record import weights_were_loaded
 from qwen3_neuron.report import loss_check
 
 TINY_VOCAB = 2048

@@ -22,7 +22,7 @@ from conftest import REPO, TINY, compose_job, launch, read_jsonl
 from safetensors.torch import load_file
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.run_dir import read_job
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,6 @@ from conftest import LORA_DROPOUT, compose_config, compose_job, launch, read_jso
 from test_resume import as_of_checkpoint
 from transformers import AutoTokenizer
 
-from qwen3_neuron.config.job import Job
-from qwen3_neuron.config.settings import parse_settings
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.lora import LoRADropoutConverter
 from qwen3_neuron.finetune.peft_format import to_peft
@@ -24,11 +22,13 @@ from qwen3_neuron.finetune.step_seed import seed_each_step
 from qwen3_neuron.hf_io import verify
 from qwen3_neuron.hf_io.adapter_export import write_adapter
 from qwen3_neuron.hf_io.verify import fixed_batch
+from qwen3_neuron.job.checks.memory import meta_model
+from qwen3_neuron.job.job import Job
+from qwen3_neuron.job.plan import make_plan
+from qwen3_neuron.job.settings import parse_settings
+from qwen3_neuron.job.trainer_config import build_trainer_config
 from qwen3_neuron.models.tiny import TINY_DENSE, TINY_MOE
-from qwen3_neuron.planning.memory import meta_model
-from qwen3_neuron.planning.plan import make_plan
 from qwen3_neuron.run_dir import read_job
-from qwen3_neuron.trainer_config.build import build_trainer_config
 
 RANK, ALPHA = 8, 16.0
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -461,3 +461,17 @@ def test_a_moe_lora_export_is_refused_merged_and_planned_as_adapters_alone(asset
     assert "finetune.merge_export=false exports the adapters alone" in str(error.value)
     plan = make_plan(compose_job(*load, "finetune.merge_export=false"), tmp_path / "adapters")
     assert plan.trainer_config.checkpoint.last_save_in_hf
+
+
+def test_hf_lora_leaves_the_adapters_out_of_the_hf_state_dict(assets, tmp_path):
+    """model=hf: LoRA wraps the model (`with_lora`), so the HF load and save see the base's keys
+    alone, the same as without LoRA; the adapters go their own way (adapter_save)."""
+    hf = ("model=hf", f"model.hf_model={assets.tiny_qwen3_dir}", "checkpointing=from_hf")
+    keys = {}
+    for name, overrides in {"full": hf, "lora": (*hf, "finetune=lora")}.items():
+        config = make_plan(compose_job(*overrides), tmp_path / name).trainer_config
+        state_dict = meta_model(config).state_dict()
+        adapter = config.model_spec.state_dict_adapter(config.model_spec.model, config.hf_assets_path)
+        keys[name] = (set(state_dict), set(adapter.to_hf(state_dict)))
+    assert any(".lora_a." in key for key in keys["lora"][0])
+    assert keys["lora"][1] == keys["full"][1]

@@ -1,4 +1,4 @@
-"""The memory estimate per rank (qwen3_neuron.planning.memory): its static parts against the local
+"""The memory estimate per rank (qwen3_neuron.job.checks.memory): its static parts against the local
 sizes of a really built and sharded model, the fit check, and a trained run's measurement."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from qwen3_neuron.planning.memory import GIB, meta_model
-from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.job.checks.memory import GIB, meta_model
+from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.worker.tensor_memory import MEASURED_STEPS, measure_training
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from conftest import compose_job
 
+from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.models.flavors import moe_dims
-from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.run_dir import group_replacements
 
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 
@@ -29,7 +30,7 @@ def test_recipe_moe_has_64_experts_on_torchtitans_debug_shape(tmp_path, assets):
 def test_blockwise_replaces_every_experts_node_with_its_block_size(tmp_path, assets):
     plan = plan_for(tmp_path, "model=moe", "kernels=blockwise", "kernels.block_size=32")
     assert (BLOCKWISE, {"block_size": 32}) in plan.trainer_config.override.imports
-    replaced = plan.replacements_by_override()[BLOCKWISE]
+    replaced = group_replacements(plan.replacements)[BLOCKWISE]
     assert replaced == [
         f"model_spec.model.layers.{i}.moe.routed_experts.inner_experts "
         "GroupedExperts.Config -> BlockwiseGroupedExperts.Config with block_size=32"
@@ -39,4 +40,4 @@ def test_blockwise_replaces_every_experts_node_with_its_block_size(tmp_path, ass
 
 def test_a_users_kernel_goes_through_the_same_flow(tmp_path, assets):
     plan = plan_for(tmp_path, "model=moe", "kernels.overrides=[examples.my_moe.my_experts]")
-    assert len(plan.replacements_by_override()["examples.my_moe.my_experts"]) == 2
+    assert len(group_replacements(plan.replacements)["examples.my_moe.my_experts"]) == 2

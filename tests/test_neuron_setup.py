@@ -24,7 +24,7 @@ import pytest
 from conftest import compose_job
 
 from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
-from qwen3_neuron.planning.torchtitan_api import TorchtitanApi, check_torchtitan_api
+from qwen3_neuron.job.checks.torchtitan_api import TorchtitanApi, check_torchtitan_api
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -122,7 +122,7 @@ def test_a_torchtitan_lacking_an_api_stops_the_workers_plan_naming_it(tmp_path, 
     from torchtitan.components import lora
 
     from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, Handoff
-    from qwen3_neuron.worker.plan import plan_for_the_launcher
+    from qwen3_neuron.worker.rank0_plan import plan_for_the_launcher
 
     monkeypatch.delattr(lora, "LoRAConverter")  # as in a torchtitan without LoRA
     handoff, run_dir = Handoff("test", os.getpid()), tmp_path / "run"

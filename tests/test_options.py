@@ -8,16 +8,16 @@ import re
 import pytest
 from conftest import compose_job
 
+from qwen3_neuron.devices.torch_capabilities import schedules_take_microbatch_lists
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.launch.hydra_setup import CONF_DIR
-from qwen3_neuron.planning.layout import _schedules_take_microbatch_lists
-from qwen3_neuron.planning.plan import make_plan
 
 TINY_HF = "${assets:tiny_qwen3_dir}"
 CHATS = "data.files=${assets:chat_train_file}"
 QWEN3_4B = "hf download Qwen/Qwen3-4B-Instruct-2507"
 UNTIED = ["model.flavor=tiny_untied"]  # PP splits no tied embeddings: the tiny model untied
-PP = UNTIED if _schedules_take_microbatch_lists() else (UNTIED, "pipeline_parallel_degree=2 needs torch >= 2.14")
+PP = UNTIED if schedules_take_microbatch_lists() else (UNTIED, "pipeline_parallel_degree=2 needs torch >= 2.14")
 
 # option -> what else it needs to plan (overrides), or the text of its refusal here, or both:
 # (overrides, the refusal that remains with them)

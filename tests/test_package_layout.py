@@ -1,5 +1,6 @@
-"""The arrows of the package layout: launch -> config -> models/data/devices/kernels; the workers never
-import the launcher's side or Hydra; the run-dir contract and the errors import nothing of ours.
+"""The arrows of the package layout: launch/worker/report -> job -> models/data/finetune/devices/...
+-> the ground floor, never back up; the workers never import the launcher's side or Hydra; the
+run-dir contract and the errors import nothing of ours.
 
 Read from the source (every import statement, also those inside functions), so a lazy import
 that crosses the boundary is caught as well.
@@ -52,6 +53,43 @@ def _ours(modules: set[str], *subpackages: str) -> list[str]:
     return sorted(m for m in modules if m in GRAPH and m.startswith(prefixes))
 
 
+# The floors, top to bottom (DESIGN.md's "Layout"): a module imports ours from its own package or a
+# package on its floor or below, never one on a higher floor.
+FLOORS = [
+    {"launch", "worker", "report", "chat"},  # the launcher, the workers, their reports; entry points
+    {"job"},  # the one job and its plan
+    {"models", "data", "finetune", "devices", "kernels", "hf_io", "eval", "assets"},
+    {"errors", "run_dir", "fields", "process_exit", "hf_backend"},  # both sides share these
+]
+FLOOR = {package: len(FLOORS) - level for level, packages in enumerate(FLOORS) for package in packages}
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_every_module_of_ours_is_on_a_floor():
+    assert sorted({_package(m) for m in GRAPH if m != "qwen3_neuron"} - set(FLOOR)) == []
+
+
+def test_no_import_runs_up_a_floor():
+    upward = [
+        f"{module} -> {imported}"
+        for module, imports in GRAPH.items()
+        if module != "qwen3_neuron"
+        for imported in imports
+        if imported in GRAPH and imported != "qwen3_neuron" and FLOOR[_package(imported)] > FLOOR[_package(module)]
+    ]
+    assert upward == []
+
+
+def test_models_know_no_fine_tuning_and_fine_tuning_wraps_any_model():
+    """LoRA wraps the models (finetune.lora.with_lora); the models import nothing of finetune, and
+    finetune tells a model=hf spec by the backend's name, not by importing models/."""
+    assert _ours(_reachable("qwen3_neuron.models"), "finetune") == []
+    assert _ours(_reachable("qwen3_neuron.finetune"), "models") == []
+
+
 def test_the_workers_never_reach_the_launcher_side_or_hydra():
     reached = _reachable("qwen3_neuron.worker")
     assert _ours(reached, "launch", "report") == []
@@ -60,7 +98,7 @@ def test_the_workers_never_reach_the_launcher_side_or_hydra():
 
 @pytest.mark.parametrize(
     "subpackage",
-    ["config", "planning", "trainer_config", "models", "data", "devices", "kernels", "hf_io", "assets", "finetune"],
+    ["job", "models", "data", "devices", "kernels", "hf_io", "assets", "finetune"],
 )
 def test_lower_layers_never_import_launch_worker_or_report(subpackage):
     assert _ours(_reachable(f"qwen3_neuron.{subpackage}"), "launch", "worker", "report") == []
@@ -74,7 +112,7 @@ def test_the_shared_contract_imports_nothing_of_the_project(module):
 def test_finetune_sits_below_the_config_stage():
     """config builds the LoRA spec from finetune, hf_io exports its format: never the other way."""
     reached = _reachable("qwen3_neuron.finetune")
-    assert _ours(reached, "config", "planning", "trainer_config", "hf_io") == []
+    assert _ours(reached, "job", "hf_io") == []
 
 
 def test_nothing_imports_the_entrypoint():
@@ -82,8 +120,8 @@ def test_nothing_imports_the_entrypoint():
 
 
 def test_data_is_reachable_from_both_sides_and_imports_neither():
-    assert "qwen3_neuron.data.loader" in _reachable("qwen3_neuron.trainer_config")  # the plan and the workers build it
-    assert _ours(_reachable("qwen3_neuron.data"), "config", "planning", "trainer_config", "launch", "worker", "report") == []
+    assert "qwen3_neuron.data.loader" in _reachable("qwen3_neuron.job.trainer_config")  # the plan and the workers build it
+    assert _ours(_reachable("qwen3_neuron.data"), "job", "launch", "worker", "report") == []
 
 
 def test_no_module_of_ours_imports_itself_back():

@@ -22,14 +22,16 @@ import pytest
 import torch
 from conftest import REPO, compose_config, compose_job, launch, read_jsonl
 
-from qwen3_neuron.config.torchrun import torchrun_args
 from qwen3_neuron.devices import policy as devices
+from qwen3_neuron.devices.torch_capabilities import fsdp_takes_spmd_types, schedules_take_microbatch_lists
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.planning.layout import _fsdp_takes_spmd_types, _schedules_take_microbatch_lists, resolve_degrees
-from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.job.checks.layout import resolve_degrees
+from qwen3_neuron.job.plan import make_plan
+from qwen3_neuron.job.torchrun import torchrun_args
+from qwen3_neuron.run_dir import group_replacements
 
-OLD_TORCH_FSDP = not _fsdp_takes_spmd_types()  # torch < 2.14: TP/CP/EP need partial_dtensor
-OLD_TORCH_PP = not _schedules_take_microbatch_lists()  # torch < 2.14: torchtitan's PP cannot run
+OLD_TORCH_FSDP = not fsdp_takes_spmd_types()  # torch < 2.14: TP/CP/EP need partial_dtensor
+OLD_TORCH_PP = not schedules_take_microbatch_lists()  # torch < 2.14: torchtitan's PP cannot run
 PP_REFUSED = "this torch's pipeline schedules take the whole batch, not torchtitan 0.3.0's microbatch lists"
 MODEL_PARALLEL_BACKEND = ["parallelism.spmd_backend=partial_dtensor"] if OLD_TORCH_FSDP else []
 NEURON_DRY_RUN = ["device=neuron", "run.dry_run=true"]
@@ -65,7 +67,7 @@ def test_every_parallelism_option_composes_and_plans(tmp_path, assets, option, o
     plan = plan_for(tmp_path, f"parallelism={option}", *overrides)
     assert plan.world_size == world_size
     assert degrees_of(plan) == expected
-    assert f"--nproc_per_node={plan.nproc_per_node}" in plan.command
+    assert f"--nproc_per_node={plan.launch.nproc_per_node}" in plan.launch.command
 
 
 def test_a_degree_is_overridable_on_the_command_line(tmp_path, assets):
@@ -179,16 +181,16 @@ HAS_TORCH_NEURONX = devices.unavailable_reason("neuron") is None
 @pytest.mark.skipif(HAS_TORCH_NEURONX, reason="torch-neuronx is installed here")
 def test_neuron_dry_run_plans_64_ranks_with_the_neuron_env_and_says_it_did_not_check(tmp_path, assets):
     plan = plan_for(tmp_path, *NEURON_DRY_RUN, "compile.enable=true")
-    assert (plan.device, plan.nproc_per_node, plan.world_size) == ("neuron", 64, 64)
-    assert "--nproc_per_node=64" in plan.command and "--standalone" in plan.command
-    assert plan.env["NEURON_LOGICAL_NC_CONFIG"] == "2"
-    assert "--logical-nc-config=2" in plan.env["NEURON_CC_FLAGS"] and "--target=trn2" in plan.env["NEURON_CC_FLAGS"]
-    assert plan.env["TORCH_NEURONX_NEFF_CACHE_DIR"].endswith("neff")
-    assert "OMP_NUM_THREADS" not in plan.env
+    assert (plan.device, plan.launch.nproc_per_node, plan.world_size) == ("neuron", 64, 64)
+    assert "--nproc_per_node=64" in plan.launch.command and "--standalone" in plan.launch.command
+    assert plan.launch.env["NEURON_LOGICAL_NC_CONFIG"] == "2"
+    assert "--logical-nc-config=2" in plan.launch.env["NEURON_CC_FLAGS"] and "--target=trn2" in plan.launch.env["NEURON_CC_FLAGS"]
+    assert plan.launch.env["TORCH_NEURONX_NEFF_CACHE_DIR"].endswith("neff")
+    assert "OMP_NUM_THREADS" not in plan.launch.env
     assert plan.trainer_config.compile.backend == "neuron"
     assert any("device=neuron is not here" in note and "torch-neuronx" in note for note in plan.notes)
     assert devices.NEURON_ATTENTION_OVERRIDE in plan.trainer_config.override.imports
-    swapped = plan.replacements_by_override()[devices.NEURON_ATTENTION_OVERRIDE]
+    swapped = group_replacements(plan.replacements)[devices.NEURON_ATTENTION_OVERRIDE]
     assert len(swapped) == 4 and all("FlexAttention.Config -> NeuronSDPAAttention.Config" in s for s in swapped)
 
 
@@ -290,14 +292,14 @@ def test_run_keys_reach_the_torchrun_command(tmp_path, assets):
         "run.nproc_per_node=1",
     )  # fmt: skip
     assert plan.world_size == 2
-    assert "--rdzv-endpoint=10.0.0.1:29555" in plan.command and "--node-rank=1" in plan.command
+    assert "--rdzv-endpoint=10.0.0.1:29555" in plan.launch.command and "--node-rank=1" in plan.launch.command
     with pytest.raises(ConfigError, match="run.nnodes=2 needs run.rdzv_endpoint"):
         plan_for(tmp_path, "run.nnodes=2")
     # a numeric id (a SLURM job id, or a uuid prefix of digits only), which Hydra reads as an int,
     # or a uuid prefix such as 0e123456, which it reads as the float 0.0
     for text, passed in [("19067173", "19067173"), ("0e123456", "0.0")]:
         numeric = plan_for(tmp_path, "run.nnodes=2", "run.rdzv_endpoint=h:1", f"run.rdzv_id={text}", "run.nproc_per_node=1")  # fmt: skip
-        assert f"--rdzv-id={passed}" in numeric.command
+        assert f"--rdzv-id={passed}" in numeric.launch.command
 
 
 # ---- integration: every layout trains 10 steps on 2 CPU ranks as one rank does ---------------

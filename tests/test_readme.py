@@ -16,7 +16,7 @@ import torch
 from conftest import REPO, compose_config, compose_job
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from qwen3_neuron.planning.plan import make_plan
+from qwen3_neuron.job.plan import make_plan
 
 
 def readme_commands() -> list[str]:

@@ -17,10 +17,10 @@ import yaml
 from conftest import REPO, SWEEP_JOB, compose_job, read_jsonl
 from hydra import compose, initialize_config_dir
 
+from qwen3_neuron.job.plan import make_plan
+from qwen3_neuron.job.record import training_dtype
 from qwen3_neuron.launch import hydra_setup as project_compose
 from qwen3_neuron.launch.progress import Progress
-from qwen3_neuron.planning.plan import make_plan
-from qwen3_neuron.planning.record import training_dtype
 from qwen3_neuron.report.outcome import JobOutcome, launch_exit_code
 from qwen3_neuron.report.peak_flops import PeakFlops, cache_path, peak_flops
 from qwen3_neuron.report.summary import JobFailed, crash_error, summarize, summary_lines, sweep_job_value

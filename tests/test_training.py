@@ -14,11 +14,11 @@ import time
 import pytest
 from conftest import REPO, TINY, compose_config, launch, process_counts, processes_mentioning, read_jsonl
 
-from qwen3_neuron.config.job import Job
-from qwen3_neuron.config.torchrun import worker_launch
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.launch.job import _Workers
+from qwen3_neuron.job.job import Job
+from qwen3_neuron.job.torchrun import worker_launch
 from qwen3_neuron.launch.process import Torchrun
+from qwen3_neuron.launch.run_job import _Workers
 from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
 pytestmark = pytest.mark.integration

@@ -29,12 +29,12 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import logger
 
-from qwen3_neuron.data import sources
-from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_conversation
+from qwen3_neuron.data import row_loading
+from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.packing import SEQUENCE_IDS, Packer, Sample, document, fit, fit_pair, sequence_ids
 from qwen3_neuron.data.preference import pair_tokens, row_pair
+from qwen3_neuron.data.row_loading import RowError, read_row
 from qwen3_neuron.data.source import DataSource
-from qwen3_neuron.data.sources import RowError, read_row
 from qwen3_neuron.errors import DataError
 
 STAT_NAMES = (
@@ -59,9 +59,9 @@ class PackedDataset(IterableDataset, Stateful):
         role: str = "train",
         cache_dir: str | None = None,
     ):
-        rows = sources.load_rows(source, streaming=streaming, cache_dir=cache_dir)
-        rows = sources.carve(rows, source.val_fraction, role)
-        self._original_data = sources.shard(rows, dp_rank, dp_world_size)
+        rows = row_loading.load_rows(source, streaming=streaming, cache_dir=cache_dir)
+        rows = row_loading.carve(rows, source.val_fraction, role)
+        self._original_data = row_loading.shard(rows, dp_rank, dp_world_size)
         self._data = self._original_data
         self.source, self.seq_len, self.infinite, self.rank = source, seq_len, infinite, dp_rank
         self._tokenizer = tokenizer

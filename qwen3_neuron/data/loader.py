@@ -2,7 +2,7 @@
 
 A torchtitan `ParallelAwareDataloader` (a `StatefulDataLoader`: its position is checkpointed)
 with its own `Config`, so it is set as `dataloader` (training) or `validator.dataloader`
-(validation) like any torchtitan loader; `trainer_config.build` makes it from the `data` section. One
+(validation) like any torchtitan loader; `job.trainer_config` makes it from the `data` section. One
 source is one `PackedDataset`; several (data=mix) are weighted through torchtitan's own
 `InterleavedDataset`, each source packed on its own, so a weight is a share of samples.
 """

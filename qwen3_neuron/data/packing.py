@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 
 from torchtitan.components.loss import IGNORE_INDEX
 
-OVERLONG = ("truncate", "drop", "split")
-
 # (inputs, labels, positions, padding): one seq_len sample and how many of its tokens are padding
 Sample = tuple[list[int], list[int], list[int], int]
 Piece = tuple[list[int], list[int], list[int]]  # (inputs, labels, positions) placed together

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from qwen3_neuron.data.chat import (
+from qwen3_neuron.data.chat_rows import (
     ChatFormatError,
     ChatRenderer,
     Conversation,

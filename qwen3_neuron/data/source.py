@@ -1,5 +1,5 @@
 """What one data source is and how its rows become documents: the `data` section's per-source
-keys, in one place for the settings (`config.settings.DataSettings`, the launcher's parse) and the
+keys, in one place for the settings (`job.settings.DataSettings`, the launcher's parse) and the
 loader (`DataSource`, one per source in every rank). Imports nothing heavy: the launcher reads it.
 """
 

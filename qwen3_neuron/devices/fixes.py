@@ -21,6 +21,7 @@ from datetime import timedelta
 import torch
 
 from qwen3_neuron.devices.policy import _check_known, _flex_attention_trains_on_cpu
+from qwen3_neuron.devices.torch_capabilities import fsdp_takes_spmd_types
 from qwen3_neuron.errors import DeviceUnavailableError
 
 _HF_BACKEND_MODEL = "torchtitan.experiments.transformers_modeling_backend.model"
@@ -33,12 +34,12 @@ def install(device_type: str) -> None:
     """Make torchtitan run on `device_type`. Call before importing torchtitan (idempotent)."""
     _check_known(device_type)
     if device_type == "cpu":
-        _point_torchtitan_at("cpu", _cpu_device_module())  # fixes 1 and 2
-        _add_set_timeout_fallback()  # fix 3
-        _sum_fsdp_gradients_without_premul_sum()  # fix 6
-        _use_plain_fsdp_mesh_without_spmd_types_support()  # fix 7
-        _route_hf_flex_attention_to_sdpa()  # fix 5 (fix 4 is an override: override_imports)
-        _build_block_masks_without_compiling()  # fix 8
+        _point_torchtitan_at("cpu", _cpu_device_module())
+        _add_set_timeout_fallback()
+        _sum_fsdp_gradients_without_premul_sum()
+        _use_plain_fsdp_mesh_without_spmd_types_support()
+        _route_hf_flex_attention_to_sdpa()  # native models: an override (policy.override_imports)
+        _build_block_masks_without_compiling()
     elif device_type == "neuron":
         _point_torchtitan_at("neuron", _import_torch_neuronx())
         _after_import(_HF_BACKEND_MODEL, _use_hf_sdpa_attention)  # no flex_attention on Neuron
@@ -63,12 +64,12 @@ def _import_torch_neuronx() -> types.ModuleType:
     return neuron
 
 
-# ---- fixes 1 and 2: torchtitan's device pick and a CPU device module -------------------------
+# ---- torchtitan's device pick and a CPU device module -----------------------------------------
 
 
 def _point_torchtitan_at(device_type: str, device_module) -> None:
-    """Fix 1: tools/utils.py:55 falls back to "cuda" when no accelerator is found, and
-    trainer.py:301 then dies in torch._C._cuda_setDevice. Set torchtitan's module-level
+    """torchtitan's `tools.utils` falls back to "cuda" when no accelerator is found, and the
+    trainer then dies in torch._C._cuda_setDevice. Set torchtitan's module-level
     device_type/device_module, and the copies that modules already imported took
     (distributed/utils.py, components/metrics.py, ... copy them at import)."""
     from torchtitan.tools import utils
@@ -94,7 +95,7 @@ _cpu_module: _CpuDeviceModule | None = None
 
 
 def _cpu_device_module() -> _CpuDeviceModule:
-    """Fix 2: components/metrics.py:42-62 calls get_device_name, get_device_properties,
+    """torchtitan's metrics (`components.metrics`) call get_device_name, get_device_properties,
     memory_stats, reset_peak_memory_stats and empty_cache, which torch.cpu lacks, and
     distributed/utils.py barrier(device_ids=[current_device()]) needs an int. Supply only what
     torch.cpu lacks; peak memory is the process's peak RSS."""
@@ -158,11 +159,11 @@ _CPU_MEMORY_API: dict[str, Callable] = {
 }
 
 
-# ---- fix 3: torch.distributed.set_timeout ----------------------------------------------------
+# ---- torch.distributed.set_timeout -----------------------------------------------------------
 
 
 def _add_set_timeout_fallback() -> None:
-    """Fix 3: distributed/utils.py:595 calls torch.distributed.set_timeout after step 1; torch
+    """torchtitan's `distributed.utils` calls torch.distributed.set_timeout after step 1; torch
     2.13 has only the private distributed_c10d._set_pg_timeout, which does the same."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
@@ -176,11 +177,11 @@ def _add_set_timeout_fallback() -> None:
     dist.set_timeout = set_timeout
 
 
-# ---- fix 6: FSDP gradient reduction on gloo --------------------------------------------------
+# ---- FSDP gradient reduction on gloo ---------------------------------------------------------
 
 
 def _sum_fsdp_gradients_without_premul_sum() -> None:
-    """Fix 6: distributed/fsdp.py:41 sets gradient_divide_factor=1.0, so FSDP2 reduce-scatters
+    """torchtitan's `distributed.fsdp` sets gradient_divide_factor=1.0, so FSDP2 reduce-scatters
     with ReduceOp.PREMUL_SUM, which gloo rejects. Forcing plain SUM reductions afterwards is
     numerically identical (the factor is 1)."""
     if _gloo_supports_premul_sum():
@@ -216,17 +217,15 @@ def _gloo_supports_premul_sum() -> bool:
     return True
 
 
-# ---- fix 7: FSDP mesh under the spmd_types backend -------------------------------------------
+# ---- FSDP mesh under the spmd_types backend --------------------------------------------------
 
 
 def _use_plain_fsdp_mesh_without_spmd_types_support() -> None:
-    """Fix 7: the default parallelism.spmd_backend="spmd_types" passes FSDP DataParallelMeshDims
-    (distributed/full_dtensor.py resolve_fsdp_mesh), which torch FSDP handles only once it has
+    """The default parallelism.spmd_backend="spmd_types" passes FSDP DataParallelMeshDims
+    (torchtitan's `distributed.full_dtensor.resolve_fsdp_mesh`), which torch FSDP handles only once it has
     FSDPParam._resolve_spmd_types_for_storage (torch 2.14). When the storage mesh holds only
     data-parallel axes (no TP/CP), drop the dims: that mesh is then classic 1-D FSDP2 (2-D HSDP)."""
-    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
-
-    if hasattr(FSDPParam, "_resolve_spmd_types_for_storage"):
+    if fsdp_takes_spmd_types():
         return
     from torchtitan.distributed import full_dtensor
 
@@ -244,12 +243,12 @@ def _use_plain_fsdp_mesh_without_spmd_types_support() -> None:
     _replace_function(original, resolve_fsdp_mesh)
 
 
-# ---- fix 5: the HF backend's flex attention --------------------------------------------------
+# ---- the HF backend's flex attention ---------------------------------------------------------
 
 
 def _route_hf_flex_attention_to_sdpa() -> None:
-    """Fix 5: the Transformers backend calls transformers' flex_attention_forward
-    (experiments/transformers_modeling_backend/model.py:64,80), which cannot train on CPU.
+    """The Transformers backend calls transformers' flex_attention_forward (torchtitan's
+    `experiments.transformers_modeling_backend.model`), which cannot train on CPU.
     Replace it there with the SDPA version once that module is imported (importing it here
     would cost every native run the Transformers import)."""
     if _flex_attention_trains_on_cpu():
@@ -263,16 +262,16 @@ def _use_hf_sdpa_attention(model_module: types.ModuleType) -> None:
     model_module.flex_attention_forward = hf_sdpa_attention_forward
 
 
-# ---- fix 8: BlockMasks built without torch.compile ------------------------------------------
+# ---- BlockMasks built without torch.compile -------------------------------------------------
 
 _ATTENTION_MODULE = "torchtitan.models.common.attention"
 
 
 def _build_block_masks_without_compiling() -> None:
-    """Fix 8: torchtitan builds every BlockMask through `torch.compile(create_block_mask)`, which
+    """torchtitan builds every BlockMask through `torch.compile(create_block_mask)`, which
     costs each worker seconds of Dynamo tracing before step 1 (and again for each new shape). Where
-    flex_attention cannot train, fix 4 and 5 only ever evaluate the mask's `mask_mod` densely, so
-    the eager `create_block_mask` gives the same mask without the compile."""
+    flex_attention cannot train, the SDPA attention (native and HF) only ever evaluates the mask's
+    `mask_mod` densely, so the eager `create_block_mask` gives the same mask without the compile."""
     if _flex_attention_trains_on_cpu():
         return
     _after_import(_ATTENTION_MODULE, _use_eager_create_block_mask)

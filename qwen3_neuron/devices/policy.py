@@ -13,7 +13,7 @@ Process-group backend: torchtitan picks it itself (distributed/utils.py `init_di
 `torch.distributed.Backend.default_device_backend_map[device_type]` - gloo for cpu, nccl for
 cuda, and whatever torch-neuronx registers for neuron - with ",cpu:gloo" appended when
 `training.enable_cpu_offload` is set. Nothing needs setting as long as torchtitan's
-`device_type` is right (fix 1); `dist_backend` reports the same choice for the launcher.
+`device_type` is right (`fixes`); `dist_backend` reports the same choice for the launcher.
 
 Neuron: torch-neuronx (TorchNeuron) registers the `neuron` device (PrivateUse1, `torch.neuron`)
 and the `neuron` process-group backend; it is never imported when this module is imported. What a
@@ -63,7 +63,8 @@ TRN2_LOGICAL_NC_CONFIG = "2"
 CPU_RANKS = 2  # the CPU path is 2-rank FSDP on gloo: the smallest setup that exercises sharding
 
 _PROCESS_GROUP_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "neuron": "neuron"}
-# Fix 4, as an override.imports entry (a string, so the launcher need not import torchtitan).
+# CPU: SDPA in place of FlexAttention, which cannot train there, as an override.imports entry (a
+# string, so the launcher need not import torchtitan).
 SDPA_FOR_FLEX_OVERRIDE = "qwen3_neuron.kernels.attention.sdpa.sdpa_for_flex"
 # Neuron compiles no FlexAttention: the same SDPA computation, in a module torchtitan lets
 # compile.backend=neuron compile (kernels/attention/neuron.py says why).

@@ -19,10 +19,10 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from qwen3_neuron.config.fields import apply_fields
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.eval.eval_section import EvalSettings
 from qwen3_neuron.eval.run import evaluate_run, evaluation_device, local_device, prepare, rescore
-from qwen3_neuron.eval.settings import EvalSettings
+from qwen3_neuron.fields import apply_fields
 from qwen3_neuron.run_dir import SUMMARY_FILE, read_json
 
 

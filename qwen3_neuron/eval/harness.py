@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from qwen3_neuron.eval.settings import EvalSettings
+from qwen3_neuron.eval.eval_section import EvalSettings
 
 RESULTS_FILE = "results.json"
 

@@ -8,7 +8,7 @@ import difflib
 from typing import Any
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.eval.settings import EvalSettings
+from qwen3_neuron.eval.eval_section import EvalSettings
 
 PREFIX = "eval."
 # summary.json fields a job may return besides eval.<task>.<metric>

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.eval.eval_section import EvalSettings
 from qwen3_neuron.eval.harness import evaluate
-from qwen3_neuron.eval.settings import EvalSettings
-from qwen3_neuron.eval.tasks import check_tasks, task_manager
+from qwen3_neuron.eval.task_checks import check_tasks, task_manager
 from qwen3_neuron.run_dir import SUMMARY_FILE, write_json
 
 EVAL_DIR = "eval"  # <run dir>/eval/: lm-eval's results.json, eval.log

@@ -10,8 +10,8 @@ the same way whatever the model.
   share one `wkv` config): HF names that land on one config must be named together.
 - model=hf (the Transformers backend): Transformers builds plain `nn.Linear` layers, so the model
   config holds no `Linear.Config` to convert. The spec's model config keeps the converter's
-  settings (`with_lora`), and the model, once Transformers has built it (`add_hf_adapters`, called
-  by `models.hf.runtime.HFModel`), freezes every weight and puts in place of each targeted
+  settings (`with_lora`: `HFAdapters`), and the model, once Transformers has built it (`add_hf_adapters`,
+  called by `models.hf.runtime.HFModel`), freezes every weight and puts in place of each targeted
   `nn.Linear` the `LoRALinear` the converter makes of that layer's `Linear.Config`: q/k/v are
   separate there, the HF names are the module names, and a weight keeps its key (`q_proj.weight`),
   so HF loads and saves see the base as they would without LoRA.
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, fields
+from functools import cache
 
 from torch.nn import functional as F
 from torchtitan.components.lora import LoRAConverter
@@ -37,17 +38,17 @@ from torchtitan.models.utils import validate_converter_order
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.finetune.adapter_save import is_adapter_key
 from qwen3_neuron.finetune.names import ADAPTER_MODULES, HF_PROJECTIONS
-from qwen3_neuron.models.hf import HF_BACKEND_NAME
+from qwen3_neuron.hf_backend import HF_BACKEND_NAME
 
-# `finetune` below is the plan's `finetune` section (config.settings.FinetuneSettings): read by
+# `finetune` below is the plan's `finetune` section (job.settings.FinetuneSettings): read by
 # attribute, never imported, so that finetune stays below the config stage that builds with it.
 
 # HF projection -> torchtitan module name (last FQN segment), per q/k/v layout.
 _FUSED_QKV = {"q_proj": "wqkv", "k_proj": "wqkv", "v_proj": "wqkv"}
 _SEPARATE_QKV = {"q_proj": "wq", "k_proj": "wkv", "v_proj": "wkv"}
 _OTHERS = {"o_proj": "wo", "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
-MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 # model=hf: the projections the backend shards rowwise under TP (the rest colwise); LoRALinear
 # derives its adapters' sharding from its base's.
 _HF_ROWWISE = ("o_proj", "down_proj")
@@ -180,10 +181,12 @@ def _converter_config(finetune, target_modules: list[str]) -> LoRADropoutConvert
 def with_lora(spec: ModelSpec, finetune) -> ModelSpec:
     """The spec with LoRA applied to its model config, as `model_registry(..., converters=[...])`
     does (the converter order check, then `convert`): base configs frozen, targets LoRALinear.
-    model=hf: the config keeps the converter for the model to apply (`add_hf_adapters`)."""
+    model=hf: the config keeps the converter for the model to apply (`HFAdapters`), and the
+    spec's HF state-dict adapter leaves the adapters out."""
     spec = copy.copy(spec)
     if spec.name == HF_BACKEND_NAME:
-        spec.model = spec.model.with_lora(_converter_config(finetune, list(finetune.target_modules)))
+        spec.model = spec.model.with_lora(HFAdapters(_converter_config(finetune, list(finetune.target_modules))))
+        spec.state_dict_adapter = _without_adapters(spec.state_dict_adapter)
         return spec
     converters = [lora_converter(finetune, spec.model)]
     validate_converter_order(converters)
@@ -193,6 +196,32 @@ def with_lora(spec: ModelSpec, finetune) -> ModelSpec:
 
 
 # ---- model=hf: on the model Transformers built ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HFAdapters:
+    """What the model=hf config keeps (`models.hf.runtime.PinnedHFConfig.with_lora`) and its model
+    calls once Transformers has built it: LoRA wraps the model, the model knows no fine-tuning."""
+
+    lora: LoRADropoutConverter.Config
+
+    def add_to(self, model) -> None:
+        add_hf_adapters(model, self.lora)
+
+    def init_states(self, model, buffer_device=None) -> None:
+        init_hf_adapters(model, buffer_device=buffer_device)
+
+
+@cache
+def _without_adapters(state_dict_adapter: type) -> type:
+    """The HF state-dict adapter without the LoRA adapters: they are no HF weights, so the HF load
+    reads, and the HF save writes, the base alone (the adapters go their own way: adapter_save)."""
+
+    class WithoutAdapters(state_dict_adapter):
+        def to_hf(self, state_dict):
+            return super().to_hf({k: v for k, v in state_dict.items() if not is_adapter_key(k)})
+
+    return WithoutAdapters
 
 
 def add_hf_adapters(model, lora: LoRADropoutConverter.Config) -> None:

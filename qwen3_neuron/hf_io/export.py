@@ -37,9 +37,9 @@ from typing import Any
 
 from qwen3_neuron.assets.atomic_dir import building
 from qwen3_neuron.errors import ExportError, UnsupportedModel
+from qwen3_neuron.hf_backend import HF_BACKEND_NAME
 from qwen3_neuron.hf_io.generation import GENERATION_CONFIG_FILE, stop_at_end_of_turn
 from qwen3_neuron.hf_io.verify import check_model_dir
-from qwen3_neuron.models.hf import HF_BACKEND_NAME
 from qwen3_neuron.models.hf.model_dir import CONFIG_FILE, INDEX_FILE, native_architecture
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ EOS (`<|endoftext|>`) only. After chat training the model ends each turn with th
 end-of-turn marker (`<|im_end|>`) and never writes EOS, so `generate()`, vLLM and every server
 would go on to `max_new_tokens`. As Qwen3-Instruct dirs do, a chat export lists both:
 `eos_token_id: [<|im_end|> id, <|endoftext|> id]`. The marker is found from the dir's own chat
-template (`data.chat.end_of_turn_marker`), not assumed.
+template (`data.chat_rows.end_of_turn_marker`), not assumed.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from qwen3_neuron.data.chat import ChatFormatError, end_of_turn_marker
+from qwen3_neuron.data.chat_rows import ChatFormatError, end_of_turn_marker
 from qwen3_neuron.errors import ExportError
 
 GENERATION_CONFIG_FILE = "generation_config.json"

@@ -4,7 +4,7 @@
   `training.steps=20` works without a `+` and every key reaches `fields.apply_fields`, which
   checks it against torchtitan's dataclasses and names the closest valid keys on a typo. The
   framework's `run` and `hf` sections start there from their settings' defaults
-  (`config.settings`, one docstring per key): no YAML restates them.
+  (`job.settings`, one docstring per key): no YAML restates them.
 - the `${assets:...}` resolver: paths of the project's tiny generated assets.
 - the `${tokenizer_dir:...}` resolver: `hf_assets_path`'s default, the HF dir that
   checkpointing=from_hf loads when it has a tokenizer (its weights were trained with it), else
@@ -29,7 +29,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from qwen3_neuron.assets import build as assets
-from qwen3_neuron.config.settings import SECTIONS, HFSettings, RunSettings
+from qwen3_neuron.job.settings import SECTIONS, HFSettings, RunSettings
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 

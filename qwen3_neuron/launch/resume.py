@@ -4,7 +4,7 @@ The run continues with the config it recorded (`job.yaml`), in its own run dir, 
 checkpoint manager finds its `step-N` folders there and restores model, optimizer, scheduler,
 data position and step. What the resuming command line may change: `run.*` and `training.steps`
 (to train longer), `checkpoint.load_step` (which checkpoint, for this launch only), `eval.*` (what
-to evaluate after training; a completed run is only evaluated: eval/resume.py); anything else it
+to evaluate after training; a completed run is only evaluated: eval/completed_run.py); anything else it
 sets must equal the recorded value, or the plan refuses.
 A `step-N` folder without DCP's `.metadata` (written last) was cut short and is never picked,
 by torchtitan's own rule, which `complete_steps` mirrors to say where the run will continue; a

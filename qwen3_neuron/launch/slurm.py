@@ -8,7 +8,7 @@ Hydra task function - launch.py's `main` - once per task, i.e. once per node, in
 sweep-job run dir (a shared filesystem, as SLURM clusters have). `node_settings` reads the job
 from submitit's `JobEnvironment` (SLURM_NODEID, SLURM_JOB_NODELIST, SLURM_JOB_ID) and gives that
 node's `run.*` values: its node rank and a c10d rendezvous on the job's first node. torchrun then
-forms one job of nnodes x nproc_per_node ranks (`qwen3_neuron.config.torchrun`).
+forms one job of nnodes x nproc_per_node ranks (`qwen3_neuron.job.torchrun`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 MFU = model FLOPs per token x tokens per second / (peak per rank x ranks). Everything here is
 per rank, i.e. per process torchrun starts:
 
-- CPU: a matrix-multiply probe at the training dtype, run the way a rank runs: one process with
+- CPU: a matrix-multiply probe at the training dtype (`devices.matmul_peak`), run the way a rank runs: one process with
   the rank's thread count (`OMP_NUM_THREADS`, which `devices.worker_env` sets to cores // ranks).
   With 2 ranks on 2 cores that is 1 thread; the job-wide peak is then 2 x the 1-thread peak,
   which assumes the two ranks do not slow each other down (they share caches and memory
@@ -32,16 +32,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
 import subprocess
 import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from qwen3_neuron.devices.matmul_peak import PeakFlops, cpu_name
 from qwen3_neuron.run_dir import PEAK_FLOPS_FILE, write_json
 
 PEAK_CACHE_FILE = "peak_flops.json"
@@ -58,33 +56,6 @@ TORCHTITAN_GPU_TFLOPS = (
     (("H100",), 989.0), (("H200",), 989.0), (("H20",), 148.0), (("GB200",), 2500.0), (("GB300",), 2500.0),
     (("B300",), 2250.0), (("B200",), 2250.0),
 )  # fmt: skip
-
-CPU_SIZES = (256, 512, 1024, 2048)
-CUDA_SIZES = (4096, 8192)
-PROBE_SECONDS = 0.75  # per size, after a warm-up product
-MIN_REPEATS = 3  # per size; on a CPU 1 where one product alone takes longer than PROBE_SECONDS
-
-
-@dataclass
-class PeakFlops:
-    flops_per_second: float
-    """Peak of one rank (one process), at `dtype`."""
-
-    source: str
-    """`measured` (the probe, on this machine) or `vendor` (a data-sheet figure)."""
-
-    device: str
-    device_name: str
-    dtype: str
-    threads: int | None
-    """CPU: threads of the rank (and of the probe); None elsewhere."""
-
-    detail: str
-    """How the number came about, for people."""
-
-    def describe(self) -> str:
-        threads = f", {self.threads} thread{'s' if self.threads != 1 else ''}" if self.threads else ""
-        return f"{self.flops_per_second / 1e12:.4g} TFLOP/s per rank ({self.source}: {self.device_name}, {self.dtype}{threads})"
 
 
 def datasheet_peak_flops(device_name: str) -> float | None:
@@ -142,16 +113,6 @@ def peak_flops(
     cache[key] = asdict(peak)
     _write_cache(cache)
     return peak
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _cuda_name() -> str:
@@ -214,7 +175,7 @@ def _measure_in_subprocess(device: str, dtype: str, threads: int | None) -> Peak
     env = {**os.environ}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    command = [sys.executable, "-m", "qwen3_neuron.report.peak_flops", "--probe", "--device", device, "--dtype", dtype]
+    command = [sys.executable, "-m", "qwen3_neuron.devices.matmul_peak", "--device", device, "--dtype", dtype]
     if threads:
         command += ["--threads", str(threads)]
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -223,79 +184,13 @@ def _measure_in_subprocess(device: str, dtype: str, threads: int | None) -> Peak
     return PeakFlops(**json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-# ---- the probe (runs in its own process) -----------------------------------------------------
-
-
-def probe(device: str, dtype: str, threads: int | None) -> PeakFlops:
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-    torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
-    if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, as torchtitan trains it
-        name = torch.cuda.get_device_name(0)
-    else:
-        name = cpu_name()
-    sizes = CPU_SIZES if device == "cpu" else CUDA_SIZES
-    rates = {}
-    for n in sizes:
-        rates[n], single = _best_rate(torch, device, torch_dtype, n)
-        if device == "cpu" and single > PROBE_SECONDS:
-            # one product outlasts a size's whole budget (bf16 on a CPU without bf16 units: about
-            # 1 GFLOP/s, 17 s for one 2048^3 product): larger sizes would take minutes, more under
-            # load, and on such a device they run no faster
-            break
-    best_size = max(rates, key=rates.get)
-    load = f", load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores" if device == "cpu" else ""
-    return PeakFlops(
-        flops_per_second=rates[best_size],
-        source="measured",
-        device=device,
-        device_name=name,
-        dtype=dtype,
-        threads=threads if device == "cpu" else None,
-        detail=(
-            f"best square matmul over sizes {list(rates)} (best at {best_size}), {PROBE_SECONDS:g} s each, "
-            f"torch {torch.__version__}, measured {time.strftime('%Y-%m-%d %H:%M:%S')}{load}"
-        ),
-    )
-
-
-def _best_rate(torch, device: str, dtype, n: int) -> tuple[float, float]:
-    """The best FLOP/s of n x n products over PROBE_SECONDS, and the warm-up product's seconds."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    start = time.perf_counter()
-    torch.mm(a, b)  # warm-up: kernel selection, first-touch allocations
-    sync()
-    single = time.perf_counter() - start
-    # on a GPU one product is too short to time alone: time batches of about 20 ms
-    batch = max(1, math.ceil(0.02 / max(single, 1e-6))) if device == "cuda" else 1
-    min_repeats = 1 if device == "cpu" and single > PROBE_SECONDS else MIN_REPEATS
-    best, repeats, deadline = 0.0, 0, time.perf_counter() + PROBE_SECONDS
-    while repeats < min_repeats or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        for _ in range(batch):
-            torch.mm(a, b)
-        sync()
-        best = max(best, batch * 2 * n**3 / (time.perf_counter() - start))
-        repeats += 1
-    return best, single
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m qwen3_neuron.report.peak_flops", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda", "neuron"], default="cpu")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per rank (default: all cores)")
     parser.add_argument("--refresh", action="store_true", help="measure again (the cache keeps the higher value)")
-    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # the measuring subprocess
     args = parser.parse_args(argv)
-    if args.probe:
-        print(json.dumps(asdict(probe(args.device, args.dtype, args.threads))))
-        return
     peak = peak_flops(args.device, args.dtype, threads=args.threads, refresh=args.refresh)
     print(f"{peak.describe()}\n  {peak.detail}\n  cache: {cache_path()}")
 

@@ -66,7 +66,7 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "data_wait_pct": statistics.median(waits) if waits else None,
         "mfu": _mfu(flops_per_token, tokens_per_second, peak),
         "peak_memory_gib": max(peaks) if peaks else None,
-        # the plan's estimate per rank and what rank 0 measured (qwen3_neuron.planning.memory)
+        # the plan's estimate per rank and what rank 0 measured (qwen3_neuron.job.checks.memory)
         "memory_estimate_gib": (read_json(run_dir / MEMORY_ESTIMATE_FILE) or {}).get("per_rank_gib"),
         "tensor_memory_gib": (read_json(run_dir / TENSOR_MEMORY_FILE) or {}).get("tensor_memory_gib"),
         # run.measure_memory: one step's peak of every live tensor (MemTracker), by category

@@ -1,6 +1,6 @@
 """The tensor memory a rank really used, measured inside the worker: `<run dir>/tensor_memory.json`.
 
-What is measured is what the plan's memory estimate (qwen3_neuron.planning.memory) predicts, so the
+What is measured is what the plan's memory estimate (qwen3_neuron.job.checks.memory) predicts, so the
 two can be compared run by run:
 
     tensor memory = local parameters + local gradients + optimizer states   (their real sizes)

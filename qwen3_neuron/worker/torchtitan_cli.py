@@ -15,7 +15,7 @@ import sys
 
 from qwen3_neuron.devices.fixes import install
 from qwen3_neuron.devices.policy import override_imports, resolve_device
-from qwen3_neuron.models.hf import HF_BACKEND_NAME
+from qwen3_neuron.hf_backend import HF_BACKEND_NAME
 
 DEVICE_FLAG = "--device"
 OVERRIDE_FLAG = "--override.imports"

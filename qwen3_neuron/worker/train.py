@@ -2,7 +2,7 @@
 
 Rebuilds the Trainer.Config from the plan's record in the run dir (no Hydra here, and no checks:
 the plan made them; workers started before the plan have local rank 0 make it first,
-`worker.plan`, and that rank trains with the config it checked), applies the device's
+`worker.rank0_plan`, and that rank trains with the config it checked), applies the device's
 compatibility fixes, and runs torchtitan's trainer the way `torchtitan.train.main` does:
 structured logging as `debug.enable_structured_logging` says, `comm.mode=local_tensor` skips
 training, and `checkpoint.create_seed_checkpoint` saves step 0 instead of training. A run whose
@@ -17,8 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from qwen3_neuron.config.job import recorded_device
 from qwen3_neuron.devices.fixes import install
+from qwen3_neuron.job.job import recorded_device
 from qwen3_neuron.process_exit import exit_without_teardown
 from qwen3_neuron.run_dir import (
     EXPORT_FILE,
@@ -40,7 +40,7 @@ def main(run_dir: Path) -> None:
     plan = None
     if handoff and os.environ.get("LOCAL_RANK") == "0":
         # started before the plan: local rank 0 makes it, checking torchtitan's APIs before importing them
-        from qwen3_neuron.worker.plan import plan_for_the_launcher
+        from qwen3_neuron.worker.rank0_plan import plan_for_the_launcher
 
         plan = plan_for_the_launcher(run_dir, handoff, request)
     try:  # the other ranks import meanwhile
@@ -48,13 +48,13 @@ def main(run_dir: Path) -> None:
         from torchtitan.observability import structured_logger as sl
         from torchtitan.tools.logging import init_logger, logger
 
-        from qwen3_neuron.config.job import Job
         from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
         from qwen3_neuron.finetune.dpo_step import install as install_dpo
         from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
         from qwen3_neuron.finetune.step_seed import seed_each_step
         from qwen3_neuron.hf_io.export import exports_hf
-        from qwen3_neuron.trainer_config.build import build_trainer_config
+        from qwen3_neuron.job.job import Job
+        from qwen3_neuron.job.trainer_config import build_trainer_config
         from qwen3_neuron.worker.step_memory import measure_one_step, write_step_memory
         from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
         from qwen3_neuron.worker.what_ran import record_what_ran

@@ -10,7 +10,7 @@ to the file $QWEN3_NEURON_TEST_COUNTS: `launcher parse`, `rank1 build`, ...
 import os
 
 if os.environ.get("QWEN3_NEURON_TEST_COUNTS"):
-    from qwen3_neuron.config import fields
+    from qwen3_neuron import fields
 
     applied = fields.apply_fields
 

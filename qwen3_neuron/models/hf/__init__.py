@@ -5,5 +5,3 @@
 - `runtime`: fixes to the backend's model as installed, applied when the workers build it;
 - `state_dict`: HF <-> torchtitan key mapping for the MoE weights.
 """
-
-HF_BACKEND_NAME = "transformers_modeling_backend"  # torchtitan's module, and its ModelSpec's name

@@ -7,9 +7,10 @@ part of the model model=hf builds; made lazily (importing them pulls in transfor
   them only from a `rope_init_fn` Transformers 5.x no longer keeps: loss NaN at step 1 with
   trained weights) and the torchtitan MoE modules the backend swaps in (Transformers'
   `_init_weights` does not know them: uninitialised router weights, the bf16 loss NaN on CPU);
-- finetune=lora: `PinnedHFConfig.with_lora` keeps the LoRA converter's settings, and `HFModel`
-  applies them to the Transformers model it builds (`finetune.lora.add_hf_adapters`), before
-  torchtitan parallelises it, and initialises the adapters with the rest.
+- finetune=lora: `PinnedHFConfig.with_lora` keeps what the fine-tuning gives it (an object with
+  `add_to(model)` and `init_states(model, buffer_device)`: `finetune.lora.HFAdapters`), and
+  `HFModel` has it change the Transformers model it builds, before torchtitan parallelises it,
+  and initialise what it put in with the rest. The model knows no fine-tuning.
 """
 
 from __future__ import annotations
@@ -42,9 +43,7 @@ def _make_pinned_config_class():
         def __init__(self, config) -> None:
             super().__init__(config)
             if config.lora is not None:
-                from qwen3_neuron.finetune.lora import add_hf_adapters
-
-                add_hf_adapters(self, config.lora)
+                config.lora.add_to(self)
 
         def init_states(self, *, buffer_device=None) -> None:
             super().init_states(buffer_device=buffer_device)
@@ -54,9 +53,7 @@ def _make_pinned_config_class():
                 if isinstance(moe, Module):
                     moe.init_states(buffer_device=buffer_device)
             if self.model.config.lora is not None:
-                from qwen3_neuron.finetune.lora import init_hf_adapters
-
-                init_hf_adapters(self.model, buffer_device=buffer_device)
+                self.model.config.lora.init_states(self.model, buffer_device=buffer_device)
 
     class PinnedHFConfig(HFTransformerModel.Config):
         """HFTransformerModel.Config that keeps config.json's `PINNED_FROM_HF` fields."""
@@ -71,7 +68,7 @@ def _make_pinned_config_class():
 
         @property
         def lora(self):
-            """finetune=lora: the LoRAConverter.Config the built model applies, else None.
+            """finetune=lora: what the built model applies (`finetune.lora.HFAdapters`), else None.
             (Underscored underneath: `update_from_config` copies every public HF config key.)"""
             return self._lora
 

@@ -25,7 +25,7 @@ Fixes to the backend as installed live in `runtime` (model init, pinned fields) 
 from __future__ import annotations
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.models.hf import HF_BACKEND_NAME
+from qwen3_neuron.hf_backend import HF_BACKEND_NAME
 from qwen3_neuron.models.hf.model_dir import CONFIG_FILE, HFModelDir
 from qwen3_neuron.models.hf.runtime import pinned_config_class
 from qwen3_neuron.models.hf.state_dict import adapter_class

@@ -1,5 +1,5 @@
-"""HF <-> torchtitan state-dict keys for the Transformers backend's MoE weights (and, under
-finetune=lora, the adapters left out of them).
+"""HF <-> torchtitan state-dict keys for the Transformers backend's MoE weights (finetune=lora
+leaves its adapters out of them: `finetune.lora.with_lora`).
 
 Shapes: E experts, F expert hidden size, D model dim.
 """
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import re
 from typing import Any
-
-from qwen3_neuron.finetune.adapter_save import is_adapter_key
 
 
 def adapter_class():
@@ -43,9 +41,6 @@ def _make_adapter_class():
         """
 
         def to_hf(self, state_dict):
-            # finetune=lora's adapters are no HF weights: the HF load reads, and the HF save
-            # writes, the base alone (the adapters go their own way: finetune.adapter_save)
-            state_dict = {k: v for k, v in state_dict.items() if not is_adapter_key(k)}
             hf_state_dict = super().to_hf(state_dict)
             if not any(".routed_experts." in key for key in hf_state_dict):
                 return hf_state_dict

@@ -12,7 +12,7 @@ import difflib
 from pathlib import Path
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.eval.settings import EvalSettings
+from qwen3_neuron.eval.eval_section import EvalSettings
 
 PROJECT_TASKS = Path(__file__).with_name("tasks")  # tiny_chat_answer: what the CPU tests score
 # `dataset_path` values that name a datasets builder over local files, not a Hub data set

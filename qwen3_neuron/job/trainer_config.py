@@ -1,6 +1,6 @@
-"""Build the torchtitan `Trainer.Config` of a job (`config.job.Job`). Both sides use it.
+"""Build the torchtitan `Trainer.Config` of a job (`job.job.Job`). Both sides use it.
 
-The plan (`planning.plan`: in local rank 0, or the launcher) builds with it and then checks the
+The plan (`job.plan`: in local rank 0, or the launcher) builds with it and then checks the
 result, and local rank 0 trains with that config; the other workers (`worker.train`) build with
 it from the run dir's `job.yaml` and check nothing again. So nothing here looks anything up or
 reads more than it needs to build: the model=hf dir is read once (`HFModelDir`), from the local
@@ -18,18 +18,18 @@ from typing import Any, Mapping
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config.fields import apply_fields, unknown_key_message
-from qwen3_neuron.config.job import Job
-from qwen3_neuron.config.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, SECTIONS, Settings
 from qwen3_neuron.devices import policy as devices
+from qwen3_neuron.devices.torch_capabilities import spmd_backend_for_this_torch
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.fields import apply_fields, unknown_key_message
 from qwen3_neuron.finetune.checkpoint import lora_checkpoint_config
 from qwen3_neuron.finetune.lora import with_lora
+from qwen3_neuron.job.job import Job
+from qwen3_neuron.job.loader_configs import apply_data
+from qwen3_neuron.job.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, SECTIONS, Settings
 from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
 from qwen3_neuron.models.hf.model_dir import HFModelDir
 from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec
-from qwen3_neuron.planning import layout
-from qwen3_neuron.trainer_config.data import apply_data
 
 # Metrics to metrics.jsonl: swapped in through torchtitan's own override registry.
 METRICS_OVERRIDE = "qwen3_neuron.worker.metrics.run_dir_metrics"
@@ -64,7 +64,7 @@ def build_trainer_config(job: Job, run_dir: Path) -> Trainer.Config:
         config.training.mixed_precision_param = param_dtype  # float32 on a CPU that emulates bf16
     if "spmd_backend" not in (composed.get("parallelism") or {}) and devices.unavailable_reason(device) is None:
         # TP/CP/EP on a torch whose FSDP cannot take torchtitan's default (< 2.14): the workaround
-        spmd = layout.spmd_backend_for_this_torch(config.parallelism, settings.model.kind)
+        spmd = spmd_backend_for_this_torch(config.parallelism, settings.model.kind)
         config.parallelism.spmd_backend = spmd or config.parallelism.spmd_backend
     config.dump_folder = str(run_dir)
     config.override.imports = [

@@ -1,7 +1,7 @@
 """Stage 5, record: what a run dir holds besides Hydra's `.hydra/`, written by whichever process
 made the plan (the launcher, or local rank 0 of workers started before it: `run_dir.Handoff`).
 
-- `job.yaml`: the job (`config.job.Job`), settled: its composed config, resolved, with the
+- `job.yaml`: the job (`job.job.Job`), settled: its composed config, resolved, with the
   device and the model=hf dir as the plan found them; the workers other than local rank 0
   (which keeps the plan's) build from it.
 - `trainer_config.json`: the final torchtitan config, for people (torchtitan's `to_dict`).

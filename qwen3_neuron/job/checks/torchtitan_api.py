@@ -7,10 +7,10 @@ API, the module and names the project imports from it, and what the project need
 torchtitan lacking one stops the plan with a ConfigError naming it, instead of an ImportError from
 deep inside the plan's imports. The config registry a run takes its base config from
 (`model.module`'s `config_registry`, `model.config_fn`) is the user's choice: the plan's
-`trainer_config.build.base_config` names it when it does not import or lacks the function.
+`job.trainer_config.base_config` names it when it does not import or lacks the function.
 
 This module imports no torchtitan at its own import: `check_torchtitan_api` runs before
-`planning.plan` (which imports torchtitan.trainer) is imported, in the launcher's dry run and in
+`job.plan` (which imports torchtitan.trainer) is imported, in the launcher's dry run and in
 the workers' local rank 0.
 """
 

@@ -40,7 +40,6 @@ JSON_TEXT, JSON_FILE, JSON_AT = "json_text", "json_file", "json_at"
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text", ".arrow": "arrow"}
 SAVED_DIR_FILES = ("dataset_info.json", "dataset_dict.json", "state.json")  # what save_to_disk writes
-TXT_SAMPLE_BY = ("paragraph", "document", "line")
 
 
 def resolve_files(spec: str | list[str] | None, key: str = "data.files") -> list[str]:

@@ -2,7 +2,7 @@
 hand the launcher what it reports with (`run_dir.Handoff`); this rank then trains with the plan's
 job and `Trainer.Config` (built and checked once).
 
-The plan is the launcher's (`planning.plan.make_plan`, the same call a dry run makes in the
+The plan is the launcher's (`job.plan.make_plan`, the same call a dry run makes in the
 launcher); it runs here because this process has imported torchtitan anyway, and a third import
 in the launcher would hold back every worker on a small host.
 """
@@ -17,24 +17,24 @@ from typing import TYPE_CHECKING, Any
 from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
 if TYPE_CHECKING:
-    from qwen3_neuron.planning.plan import Plan
+    from qwen3_neuron.job.plan import Plan
 
 
 def plan_for_the_launcher(run_dir: Path, handoff: Handoff, request: dict[str, Any]) -> Plan:
     """Record the plan of the launcher's `request` (`Handoff.request_plan`: the settled job and
     its torchrun command) and say it is ready; a config error is handed over and ends this rank."""
-    from qwen3_neuron.config.job import Job
-    from qwen3_neuron.config.torchrun import WorkerLaunch
     from qwen3_neuron.errors import ConfigError
-    from qwen3_neuron.planning.torchtitan_api import check_torchtitan_api
+    from qwen3_neuron.job.checks.torchtitan_api import check_torchtitan_api
+    from qwen3_neuron.job.job import Job
+    from qwen3_neuron.job.torchrun import WorkerLaunch
 
     print(PLANNING_LINE, flush=True)
     messages: list[str] = []
     try:
         job = Job.recorded(request["job"])  # this process's one parse
         check_torchtitan_api(job.settings.model.kind)  # before the plan's modules import them
-        from qwen3_neuron.planning.plan import make_plan
-        from qwen3_neuron.planning.record import record_plan
+        from qwen3_neuron.job.plan import make_plan
+        from qwen3_neuron.job.record import record_plan
 
         plan = make_plan(job, run_dir, WorkerLaunch(**request["launch"]), messages.append)
         loads = _checked_checkpoint(plan, messages.append)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from qwen3_neuron.config.settings import Settings, parse_settings
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
+from qwen3_neuron.job.settings import Settings, parse_settings
 from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir, read_model_dir
 from qwen3_neuron.run_dir import read_job
 

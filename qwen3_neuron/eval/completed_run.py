@@ -11,9 +11,9 @@ from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from qwen3_neuron.config.fields import apply_fields
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.eval.settings import EvalSettings
+from qwen3_neuron.eval.eval_section import EvalSettings
+from qwen3_neuron.fields import apply_fields
 from qwen3_neuron.run_dir import SUMMARY_FILE, read_json
 
 

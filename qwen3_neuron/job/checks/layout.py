@@ -15,7 +15,7 @@ a version string; skipped for a dry run that plans for a device that is not here
 
 Measured on CPU (`launch.py`, 2 gloo ranks + the CPU fixes in `devices`): FSDP and HSDP train
 as they are; on torch 2.13, TP, CP and EP train with `spmd_backend=partial_dtensor` (what the
-build picks there when the user sets no backend: `spmd_backend_for_this_torch`) and PP does
+build picks there when the user sets no backend: `devices.torch_capabilities`) and PP does
 not run; on torch 2.14 and 2.15, TP, CP and EP train with torchtitan's default `spmd_types` and
 PP trains an untied model (`model.flavor=tiny_untied`).
 """
@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from qwen3_neuron.devices.torch_capabilities import fsdp_takes_spmd_types, schedules_take_microbatch_lists
 from qwen3_neuron.errors import ConfigError
 
 # torch's context parallel needs Q_LEN % (cp x this) == 0 for BlockMask attention
@@ -304,7 +305,7 @@ def spmd_backend_note(dims, parallelism) -> str | None:
     if not model_parallel:
         return None
     backend, used = parallelism.spmd_backend, ", ".join(model_parallel)
-    if _fsdp_takes_spmd_types():
+    if fsdp_takes_spmd_types():
         if backend == "partial_dtensor":
             return (f"parallelism.spmd_backend=partial_dtensor ({used}): not needed with this torch, whose "
                     "FSDP takes spmd_types parameters (torchtitan's default spmd_types works too).")
@@ -313,20 +314,9 @@ def spmd_backend_note(dims, parallelism) -> str | None:
             "(this torch's FSDP cannot take spmd_types parameters).")
 
 
-def spmd_backend_for_this_torch(parallelism, model_kind: str) -> str | None:
-    """`partial_dtensor` where torchtitan's default `spmd_types` cannot run TP/CP/EP on this
-    machine's torch (< 2.14) and the model takes it (model=hf accepts spmd_types only: its plan
-    refuses, naming FSDP/HSDP); None where the default runs. For a user who sets no backend."""
-    degrees = (parallelism.tensor_parallel_degree, parallelism.context_parallel_degree,
-               parallelism.expert_parallel_degree)  # fmt: skip
-    if model_kind == "hf" or max(degrees) <= 1 or _fsdp_takes_spmd_types():
-        return None
-    return "partial_dtensor"
-
-
 def _check_spmd_backend(dims, parallelism, shape: ModelShape) -> None:
     model_parallel = [name for name in ("tp", "cp", "ep") if getattr(dims, name) > 1]
-    if parallelism.spmd_backend != "spmd_types" or not model_parallel or _fsdp_takes_spmd_types():
+    if parallelism.spmd_backend != "spmd_types" or not model_parallel or fsdp_takes_spmd_types():
         return
     import torch
 
@@ -342,7 +332,7 @@ def _check_spmd_backend(dims, parallelism, shape: ModelShape) -> None:
 
 
 def _check_pipeline_schedules(dims) -> None:
-    if dims.pp == 1 or _schedules_take_microbatch_lists():
+    if dims.pp == 1 or schedules_take_microbatch_lists():
         return
     import torch
 
@@ -352,27 +342,6 @@ def _check_pipeline_schedules(dims) -> None:
         f"this torch ({torch.__version__}) does not accept. Use pipeline_parallel_degree=1 (FSDP/"
         "TP) on this machine, or another torch (`make run TORCH=2.14.1`)."
     )
-
-
-def _schedules_take_microbatch_lists() -> bool:
-    """torchtitan 0.3.0 drives pipeline schedules with per-microbatch lists (trainer.py
-    `pp_forward_backward_step`: `step(arg_mbs=...)`); torch 2.13's `step` takes the whole batch
-    and fails ("Expecting 4 arg_mbs but got 1", measured on CPU)."""
-    import inspect
-
-    from torch.distributed.pipelining.schedules import _PipelineSchedule
-
-    return "arg_mbs" in inspect.signature(_PipelineSchedule.step).parameters
-
-
-def _fsdp_takes_spmd_types() -> bool:
-    """torch's FSDP takes spmd_types-typed parameters (torchtitan's default
-    `parallelism.spmd_backend=spmd_types`) on a multi-axis mesh from torch 2.14 on; before,
-    TP/CP/EP fail in `fully_shard` ("When dp_mesh_dims is provided, all parameters must be
-    DTensors"). FSDP/HSDP alone are handled by `devices` (CPU fix 7)."""
-    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
-
-    return hasattr(FSDPParam, "_resolve_spmd_types_for_storage")
 
 
 # ---- helpers ---------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ metadata, which is cheap), the tree of field names of the base config of each co
 a torchtitan version it has no schema for (said once per launch), another config function, a
 node with `_target_` (another class). The plan, which imports torchtitan anyway, compares the
 schema it used with the installed classes and says when they disagree
-(`schema_disagreement`). `python -m qwen3_neuron.config.trainer_keys` writes the installed
+(`schema_disagreement`). `python -m qwen3_neuron.job.trainer_keys` writes the installed
 version's schema from its classes; tests/test_config.py holds it equal to them.
 """
 
@@ -23,9 +23,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from qwen3_neuron.config.fields import key_tree, unknown_key_message
-from qwen3_neuron.config.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, PACKED_KINDS, SECTIONS, Settings
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.fields import key_tree, unknown_key_message
+from qwen3_neuron.job.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, PACKED_KINDS, SECTIONS, Settings
 
 KEYS_FILE = Path(__file__).with_name("trainer_keys.json")
 
@@ -71,7 +71,7 @@ def schema_disagreement(settings: Settings) -> str | None:
     return (
         f"{KEYS_FILE.name}'s keys of torchtitan {installed_torchtitan()} for {name} are not the installed "
         f"classes' ({'; '.join(differences)}): the launcher may refuse a valid key, or leave a misspelled one "
-        "to this plan. Rewrite them: python -m qwen3_neuron.config.trainer_keys"
+        "to this plan. Rewrite them: python -m qwen3_neuron.job.trainer_keys"
     )
 
 
@@ -91,7 +91,7 @@ def _tree_for(settings: Settings) -> dict | None:
     if tree is None:
         return None
     data = settings.data
-    if data.kind in PACKED_KINDS:  # trainer_config.data.apply_data swaps these in before the YAML applies
+    if data.kind in PACKED_KINDS:  # job.loader_configs.apply_data swaps these in before the YAML applies
         packed = schema["packed_dataloader"]
         tree = {**tree, "dataloader": packed}
         if data.val_files or data.val_fraction:
@@ -133,7 +133,7 @@ def _schema() -> dict[str, Any] | None:
     print(
         f"[qwen3-neuron] note: {KEYS_FILE.name} has no keys of torchtitan {installed or '(none installed)'} (it has "
         f"{', '.join(sorted(schemas))}): a misspelled key of torchtitan's sections is found by the plan, in "
-        "torchrun's local rank 0, instead of before torchrun starts (python -m qwen3_neuron.config.trainer_keys "
+        "torchrun's local rank 0, instead of before torchrun starts (python -m qwen3_neuron.job.trainer_keys "
         "writes them)",
         file=sys.stderr,
     )
@@ -141,7 +141,7 @@ def _schema() -> dict[str, Any] | None:
 
 
 def _base_config_keys(name: str) -> dict[str, Any]:
-    from qwen3_neuron.trainer_config.build import base_config  # imports torchtitan
+    from qwen3_neuron.job.trainer_config import base_config  # imports torchtitan
 
     tree = key_tree(base_config(*name.split(":")))
     return {key: None if key in FRAMEWORK_OWNED else keys for key, keys in tree.items()}

@@ -49,6 +49,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from qwen3_neuron.devices.policy import NEURON_ATTENTION_OVERRIDE, SDPA_FOR_FLEX_OVERRIDE
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.models.hf.runtime import transformers_init_kept
 
@@ -66,10 +67,7 @@ ROWWISE = re.compile(r"(^|\.)(wo|w2|o_proj|down_proj)\.weight$|(^|\.)experts\.w2
 REPLICATED_UNDER_TP = re.compile(r"router|(^|\.)gate\.weight$")
 ROUTED_EXPERTS = re.compile(r"(^|\.)experts\.")
 LAYER = re.compile(r"(^|\.)layers\.")
-SDPA_ON_BLOCK_MASK = (
-    "qwen3_neuron.kernels.attention.sdpa.sdpa_for_flex",
-    "qwen3_neuron.kernels.attention.neuron.sdpa_for_neuron",
-)
+SDPA_ON_BLOCK_MASK = (SDPA_FOR_FLEX_OVERRIDE, NEURON_ATTENTION_OVERRIDE)
 FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"
 LM_HEAD = re.compile(r"(^|\.)(lm_head|output)\.weight$")
 EMBEDDING = re.compile(r"(^|\.)(tok_embeddings|embed_tokens)\.weight$")
@@ -437,7 +435,12 @@ def _logits_bytes(config, s: _Shape, degrees, fsdp: bool, head_trainable: bool) 
     head = vocab * s.dim
     compute, param = DTYPE_BYTES[config.training.mixed_precision_param], DTYPE_BYTES[config.training.dtype]
     if fsdp:
-        weights = head * compute + (3 * head * param if head_trainable else 0)
+        # the gathered weight and a chunk's gradient (compute dtype), the unsharded gradient kept
+        # across the chunks and the reduce-scatter's shard of it (FSDP's reduce dtype)
+        reduce = DTYPE_BYTES[config.training.mixed_precision_reduce]
+        shards = degrees.dp_shard * degrees.cp
+        gradients = head * compute + head * reduce + math.ceil(head / shards) * reduce
+        weights = head * compute + (gradients if head_trainable else 0)
         copies = 1 if head_trainable else LOGIT_COPIES - 1
     else:
         weights = head * param if head_trainable else 0

@@ -2,8 +2,8 @@
 
 No process is started and no device is touched here, so every config error surfaces before
 anything is built. It runs in local rank 0 of workers the launcher started before planning
-(`worker.plan`: that process imports torchtitan anyway), or in the launcher for a dry run and
-`run.show_data`. The plan builds the config (`trainer_config.build`: local rank 0 then trains
+(`worker.rank0_plan`: that process imports torchtitan anyway), or in the launcher for a dry run and
+`run.show_data`. The plan builds the config (`job.trainer_config`: local rank 0 then trains
 with it, the other workers build it from what the plan records) and checks it once: on a
 copy, it does what torchtitan's `Trainer.__init__` does to the config before building anything
 (`ParallelDims`, the model's `update_from_config`, `apply_overrides`, `_validate_cuda_graphs`)
@@ -24,25 +24,24 @@ from typing import Callable
 from torchtitan.config.override import apply_overrides
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config.job import Job
-from qwen3_neuron.config.settings import Settings, check_settings
-from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
-from qwen3_neuron.config.trainer_keys import schema_disagreement
-from qwen3_neuron.data.checks import check_data
+from qwen3_neuron.data.data_checks import check_data
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, UnsupportedModel
 from qwen3_neuron.finetune.lora import uncovered_note
+from qwen3_neuron.job.job import Job
+from qwen3_neuron.job.settings import Settings, check_settings
+from qwen3_neuron.job.torchrun import WorkerLaunch, worker_launch
+from qwen3_neuron.job.trainer_keys import schema_disagreement
 from qwen3_neuron.models.hf.model_dir import (
     check_initial_hf_load,
     check_tokenizer_fits,
     native_architecture,
     open_model_dir,
 )
-from qwen3_neuron.planning import layout
-from qwen3_neuron.planning.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
-from qwen3_neuron.planning.static_shapes import check_static_shapes
-from qwen3_neuron.run_dir import group_replacements
-from qwen3_neuron.trainer_config.build import build_trainer_config
+from qwen3_neuron.job.checks import layout
+from qwen3_neuron.job.checks.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
+from qwen3_neuron.job.checks.static_shapes import check_static_shapes
+from qwen3_neuron.job.trainer_config import build_trainer_config
 
 # Counts torchtitan takes as given; zero or negative would fail late or loop forever.
 MUST_BE_POSITIVE = ("training.steps", "training.local_batch_size", "training.seq_len", "metrics.log_freq")
@@ -69,24 +68,8 @@ class Plan:
         return self.job.device
 
     @property
-    def nproc_per_node(self) -> int:
-        return self.launch.nproc_per_node
-
-    @property
-    def command(self) -> list[str]:
-        return self.launch.command
-
-    @property
-    def env(self) -> dict[str, str]:
-        return self.launch.env
-
-    @property
     def world_size(self) -> int:
-        return self.nproc_per_node * self.settings.run.nnodes
-
-    def replacements_by_override(self) -> dict[str, list[str]]:
-        """{override target: ["fqn Old -> New", ...]}, for the summary."""
-        return group_replacements(self.replacements)
+        return self.launch.nproc_per_node * self.settings.run.nnodes
 
     def command_line(self) -> str:
         return self.launch.command_line()

@@ -16,13 +16,13 @@ from pathlib import Path
 
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.data.chat import ChatFormatError, ChatRenderer, row_conversation
+from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.dataset import document_fate, pair_fate
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.data.packing import document
 from qwen3_neuron.data.preference import pair_tokens, row_pair
+from qwen3_neuron.data.row_loading import first_rows, is_validation_row
 from qwen3_neuron.data.source import DataSource
-from qwen3_neuron.data.sources import first_rows, is_validation_row
 from qwen3_neuron.errors import ConfigError
 
 PEEK_ROWS = 64

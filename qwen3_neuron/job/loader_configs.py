@@ -4,7 +4,7 @@ data=tiny / data=c4 leave both as the `dataloader` section wrote them (torchtita
 data sets). data=text / chat / mix make a `PackedDataLoader.Config` for training and, when a
 validation set is named (`data.val_files` or `data.val_fraction`), another one for torchtitan's
 `Validator`, which is then switched on. Both sides (plan and workers) call this through
-`trainer_config.build`; it reads no data.
+`job.trainer_config`; it reads no data.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.config.fields import apply_fields
-from qwen3_neuron.config.settings import PACKED_KINDS, DataSettings
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.data.source import DataSource, SourceFields
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.fields import apply_fields
+from qwen3_neuron.job.settings import PACKED_KINDS, DataSettings
 
 DATA_CACHE_DIR = "data_cache"  # in the run dir: datasets' Arrow cache of local files
 SOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(SourceFields))  # the defaults of each source

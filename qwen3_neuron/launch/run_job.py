@@ -2,7 +2,7 @@
 
 torchrun starts as soon as the framework's own settings parse and model=hf's dir is found; its
 local rank 0 makes and records the plan once it has imported torchtitan, and every rank builds
-only then (`run_dir.Handoff`, `worker.plan`). This process never imports torchtitan for such a
+only then (`run_dir.Handoff`, `worker.rank0_plan`). This process never imports torchtitan for such a
 run (an HF export is global rank 0's, after training). A plan that fails stops the workers and
 removes what they wrote (a resumed run's earlier logs stay), so a config error leaves what it
 always did. Dry runs and `run.show_data` plan here and start nothing.
@@ -30,11 +30,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from qwen3_neuron.config.job import Job
-from qwen3_neuron.config.settings import check_settings
-from qwen3_neuron.config.torchrun import WorkerLaunch, worker_launch
-from qwen3_neuron.config.trainer_keys import check_trainer_keys
 from qwen3_neuron.errors import ConfigError, RunDirInUse
+from qwen3_neuron.job.job import Job
+from qwen3_neuron.job.record import record_plan
+from qwen3_neuron.job.settings import check_settings
+from qwen3_neuron.job.torchrun import WorkerLaunch, worker_launch
+from qwen3_neuron.job.trainer_keys import check_trainer_keys
 from qwen3_neuron.launch import slurm
 from qwen3_neuron.launch.console import quiet_console
 from qwen3_neuron.launch.hydra_setup import register_resolvers
@@ -42,7 +43,6 @@ from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.launch.resume import resume_step, resumed_config
 from qwen3_neuron.launch.run_lock import RunDirLock
-from qwen3_neuron.planning.record import record_plan
 from qwen3_neuron.report.loss_check import check_first_loss
 from qwen3_neuron.report.outcome import JobOutcome
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
@@ -62,7 +62,7 @@ from qwen3_neuron.run_dir import (
 )
 
 if TYPE_CHECKING:
-    from qwen3_neuron.planning.plan import Plan
+    from qwen3_neuron.job.plan import Plan
 
 CONFIG_ERROR_EXIT = 2
 
@@ -157,7 +157,7 @@ def _evaluation(job: Job, direction: str | None):
 
 def _rescore_completed(run_dir: Path, composed: dict, typed_overrides: list[str]) -> int | None:
     """run.resume of a completed run with new eval.*: its exit code once evaluated; else None."""
-    from qwen3_neuron.eval.resume import rescore_settings
+    from qwen3_neuron.eval.completed_run import rescore_settings
     from qwen3_neuron.eval.run import evaluation_device, local_device, rescore
 
     settings = rescore_settings(run_dir, composed, typed_overrides)
@@ -175,11 +175,11 @@ def _sweeper_direction(hydra_config) -> str | None:
 
 def _plan_only(job: Job, hydra_job: _HydraJob) -> JobOutcome:
     """A dry run or `run.show_data`: the plan, made and recorded here (importing torchtitan)."""
-    from qwen3_neuron.planning.torchtitan_api import check_torchtitan_api
+    from qwen3_neuron.job.checks.torchtitan_api import check_torchtitan_api
 
     settings = job.settings
     check_torchtitan_api(settings.model.kind)  # before the plan's modules import those APIs
-    from qwen3_neuron.planning.plan import make_plan  # imports torchtitan (seconds)
+    from qwen3_neuron.job.plan import make_plan  # imports torchtitan (seconds)
 
     quiet_console(settings.run.verbose)
     plan = make_plan(job, hydra_job.run_dir)  # settles the job
@@ -344,7 +344,7 @@ class _HydraJob:
 
 def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
     """The plan, one line per fact; the memory verdict last (what a launch would be refused for)."""
-    from qwen3_neuron.planning.layout import resolve_degrees  # torchtitan: imported by the plan already
+    from qwen3_neuron.job.checks.layout import resolve_degrees  # torchtitan: imported by the plan already
 
     config = plan.trainer_config
     if verbose:
@@ -386,7 +386,7 @@ def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
 def _show_data(plan: Plan, count: int) -> None:
     """run.show_data=N: rank 0's first N packed samples, in this process; nothing trains."""
     from qwen3_neuron.data.preview import show_samples
-    from qwen3_neuron.planning.layout import resolve_degrees  # torchtitan: imported when needed only
+    from qwen3_neuron.job.checks.layout import resolve_degrees  # torchtitan: imported when needed only
 
     config = plan.trainer_config
     degrees = resolve_degrees(config.parallelism, plan.world_size)

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from qwen3_neuron.config.fields import apply_fields
+from qwen3_neuron.data.row_loading import resolve_files
 from qwen3_neuron.data.source import SourceFields
-from qwen3_neuron.data.sources import resolve_files
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.eval.eval_section import EvalSettings
 from qwen3_neuron.eval.objective import check_objective
-from qwen3_neuron.eval.settings import EvalSettings
+from qwen3_neuron.fields import apply_fields
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
 
 MOE_KERNELS = "qwen3_neuron.kernels.moe."  # factories replacing MoE experts (kernels=blockwise|nki)

@@ -1,4 +1,4 @@
-"""The torchrun command of a settled job (`config.job.Job.settled`: its device resolved): ranks per
+"""The torchrun command of a settled job (`job.job.Job.settled`: its device resolved): ranks per
 node, torchrun's own arguments (one node standalone, or one node of a multi-node job) and the
 workers' environment.
 
@@ -31,7 +31,7 @@ from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.run_dir import RANKS_LOG_DIR
 
 if TYPE_CHECKING:
-    from qwen3_neuron.config.job import Job
+    from qwen3_neuron.job.job import Job
 
 
 @dataclass(frozen=True)

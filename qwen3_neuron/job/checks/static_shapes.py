@@ -41,8 +41,8 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.job.checks.layout import resolve_degrees
 from qwen3_neuron.models.hf.model_dir import HFModelDir
-from qwen3_neuron.planning.layout import resolve_degrees
 
 # Loaders whose every sample is exactly seq_len tokens: the project's packer (pad / flow layouts)
 # and torchtitan's own (text: seq_len windows of a token stream; chat: greedy packing, padded).
