@@ -19,6 +19,8 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/what_ran/rank_N.json  what rank N's model ran: override modules, attention, compile counters
     <run dir>/data_cache/         datasets' Arrow cache of local data files (data=text|chat|mix)
     <run dir>/summary.json        how the run ended
+    <run dir>/PLAN_ONLY.txt       left by a dry run or `run.show_data`: the record beside it is a
+                                  plan that never trained (a launch may still use the dir)
     <sweep dir>/.stop_sweep       left by a job that stops the sweep: later jobs skip
 
 The launcher starts torchrun as soon as the framework's own settings parse, and the plan is made
@@ -62,6 +64,7 @@ WHAT_RAN_DIR = "what_ran"
 STOP_FILE = ".stop_sweep"
 HANDOFF_ENV = "QWEN3_NEURON_HANDOFF"
 LOCK_FILE = ".lock"
+PLAN_ONLY_FILE = "PLAN_ONLY.txt"
 
 _PLAN_POLL_SECONDS = 0.02
 PLANNING_LINE = "[qwen3-neuron] local rank 0: torchtitan imported; planning for the launcher"
@@ -223,6 +226,15 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
     _write_atomically(path, json.dumps(value, indent=2) + "\n")
+
+
+def earlier_run(run_dir: Path) -> str | None:
+    """What shows that `run_dir` holds a run, finished, failed or interrupted (its summary, metrics,
+    output or recorded config; a dry run's record alone is no run), or None."""
+    for name in (SUMMARY_FILE, METRICS_FILE, LOG_FILE, FAILURE_FILE, JOB_FILE):
+        if (run_dir / name).exists() and not (name == JOB_FILE and (run_dir / PLAN_ONLY_FILE).exists()):
+            return name
+    return None
 
 
 def complete_steps(checkpoint_folder: Path) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -26,14 +27,21 @@ project_compose.register()
 
 # What a test session caches - the tiny assets, the measured peak FLOPs - lives under one temporary
 # dir for the session, never in the user's ~/.cache/qwen3_neuron. Set in this process's
-# environment, so every launch.py, torchrun worker and peak probe a test starts inherits it.
-SESSION_CACHE = Path(tempfile.mkdtemp(prefix="qwen3-neuron-tests-"))
+# environment, so every launch.py, torchrun worker and peak probe a test starts inherits it, and
+# so do pytest-xdist's test processes (started after this runs in the first one): one dir, and one
+# asset build, for all of them. The process that made the dir removes it.
+SESSION_ENV = "QWEN3_NEURON_TEST_SESSION"
+MADE_HERE = SESSION_ENV not in os.environ
+if MADE_HERE:
+    os.environ[SESSION_ENV] = tempfile.mkdtemp(prefix="qwen3-neuron-tests-")
+SESSION_CACHE = Path(os.environ[SESSION_ENV])
 os.environ[ASSETS_ENV_VAR] = str(SESSION_CACHE / "assets")
 os.environ[CACHE_ENV_VAR] = str(SESSION_CACHE / "cache")
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+    if MADE_HERE:
+        shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
 # ---- how `make test` spreads the files over its two processes (pytest-xdist) ---------------------
@@ -45,8 +53,13 @@ SHARED_RUNS = {
     "test_experiments.py": "moe_experiment_run", "test_moe_training.py": "moe_experiment_run",
 }  # fmt: skip
 # xdist hands units out in collection order: the longest first, so that no long one starts last.
-LONGEST_FIRST = ("test_hf_integration.py", "default_run", "test_data_training.py", "test_parallelism.py",
-                 "test_sweeps.py", "test_dpo.py", "test_lora.py", "test_chat.py", "moe_experiment_run", "test_slurm.py", "test_build.py")  # fmt: skip
+# The order is the worker time per unit of the last fresh-clone `make test` (its --durations,
+# summed per file; AMD EPYC, 2 cores): parallelism 199 s, default_run 178 (resume 95, training
+# 46, memory 37), hf_integration 137, lora 124, chat 101, sweeps 97, data_training 95, dpo 88,
+# slurm 51, moe_experiment_run 49, devices 47, bad_inputs 44.
+LONGEST_FIRST = ("test_parallelism.py", "default_run", "test_hf_integration.py", "test_lora.py", "test_chat.py",
+                 "test_sweeps.py", "test_data_training.py", "test_dpo.py", "test_slurm.py", "moe_experiment_run",
+                 "test_devices.py", "test_bad_inputs.py", "test_build.py")  # fmt: skip
 
 
 def _unit(nodeid: str) -> str:
@@ -72,8 +85,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.fixture(scope="session")
 def assets():
-    """Built once per session into the session's asset dir (deterministic: the same every time)."""
-    return build_assets()
+    """Built once per session into the session's asset dir (deterministic: the same every time);
+    the other test process waits on the lock, then finds them built."""
+    with open(SESSION_CACHE / "assets.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_assets()
 
 
 def compose_config(*overrides: str) -> dict:

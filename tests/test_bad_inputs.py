@@ -19,6 +19,7 @@ FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"
 BAD_DATA = SESSION_CACHE / "bad-data"
 CHAT = ["data=chat", "data.val_files=null"]
 DPO = ["experiment=cpu_qwen3_tiny_dpo", "data.val_files=null"]
+GRPO = ["experiment=cpu_qwen3_tiny_grpo"]
 
 # (overrides, texts the error must contain)
 PLAN_TIME = [
@@ -144,7 +145,7 @@ PLAN_TIME = [
     (["data=text", "data.hf_dataset=nobody/no-such-set"], ["set exactly one of files or hf_dataset (got both"]),
     (["data=mix", "data.sources=[{files:'{bad}/texts.jsonl',weight:0}]"], ["data.sources[0].weight=0.0", "must be > 0"]),
     (["data=mix", "data.sources=[{files:'{bad}/texts.jsonl',wieght:2}]"], ["data.sources[0].wieght", "'weight'"]),
-    (["data.files=/tmp/corpus.jsonl"], ["data.files applies to data=text|chat|mix|preference", "data=tiny"]),
+    (["data.files=/tmp/corpus.jsonl"], ["data.files applies to data=text|chat|mix|preference|prompts", "data=tiny"]),
     (["data=c4"], ["dataloader.dataset=c4: allenai/c4 is not in the local HF cache", "hf download allenai/c4"]),
     (["model=hf", "model.hf_model=nobody/no-such-model"],
      ["model.hf_model=nobody/no-such-model: not a local dir and not in the Hugging Face cache", "`hf download nobody/no-such-model`"]),
@@ -163,6 +164,20 @@ PLAN_TIME = [
     ([*DPO, "preference.loss=robust", "preference.label_smoothing=0.5"], ["preference.label_smoothing=0.5", "0 <= p < 0.5"]),
     (["data=chat", "preference.beta=0.2"], ["preference.beta applies to data=preference (this is data=chat)"]),
     (["data=mix", "data.sources=[{files:'{bad}/pairs.jsonl',format:preference}]"], ["format=preference", "use data=preference"]),
+    ([*GRPO, "grpo.num_generations=1"], ["grpo.num_generations=1: a group needs at least 2 completions"]),
+    ([*GRPO, "training.local_batch_size=6"], ["a rank's batch of 6 completions", "whole groups of grpo.num_generations=4"]),
+    ([*GRPO, "grpo.max_completion_length=60"],
+     ["line 1: the prompt is ", "grpo.max_completion_length=60 more must fit in training.seq_len=64", "raise training.seq_len"]),
+    (["model=hf", "data=prompts", "grpo.rewards=[qwen3_neuron.finetune.rewards.length_penalty]"],
+     ["data=prompts samples completions from the model", "nothing loads weights", "checkpointing=from_hf"]),
+    ([*GRPO, "parallelism=tp"], ["data=prompts with tensor parallelism (degree 2) is not built", "parallelism=fsdp"]),
+    ([*GRPO, "grpo.rewards=[examples.my_rewards.nothing]"],
+     ["grpo.rewards[0]: 'examples.my_rewards.nothing': module 'examples.my_rewards' has no 'nothing'."]),
+    ([*GRPO, "grpo.rewards=[no_such_module.reward]"], ["grpo.rewards[0]: 'no_such_module.reward': module 'no_such_module' cannot be imported"]),
+    ([*GRPO, "grpo.reward_weights=[1.0,2.0]"], ["grpo.reward_weights has 2 weights for 1 rewards"]),
+    ([*GRPO, "grpo.beta=0.04"], ["grpo.beta > 0 with finetune=full is not built", "finetune=lora"]),
+    ([*GRPO, "grpo.loss_type=ppo"], ["grpo.loss_type", "'dapo'", "'dr_grpo'"]),
+    (["data=chat", "grpo.beta=0.1"], ["grpo.beta applies to data=prompts (this is data=chat)"]),
 ]  # fmt: skip
 
 

@@ -5,15 +5,14 @@ run's export stops at the end of its turn in `transformers` `generate()` and in
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, launch, trained
+from conftest import launch, trained
 from test_data import spans_of
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
@@ -117,6 +116,101 @@ def test_everything_else_a_message_carries_reaches_the_template(tokenizer):
     assert "ada" not in renderer.render(conversation)  # Qwen3's template has no use for it
 
 
+
+# ---- the chat command, in-process: what it sends the model --------------------------------------
+
+
+class RecordingChat:
+    """Chat's stand-in: records each conversation it is asked to continue; replies with a
+    reasoning block and a numbered answer."""
+
+    def __init__(self, model_dir, device=None):
+        self.device, self.calls = "cpu", []
+        RecordingChat.latest = self
+
+    def reply(self, messages, tools=None, **generate_kwargs):
+        self.calls.append(([dict(m) for m in messages], tools, generate_kwargs))
+        return f"<think>\nthinking {len(self.calls)}\n</think>\n\nanswer {len(self.calls)}"
+
+
+def chat_command(monkeypatch, capsys, *args: str, typed: str = "") -> tuple[int, list[str], RecordingChat]:
+    from qwen3_neuron.hf_io import chat_command as chat
+
+    monkeypatch.setattr(chat, "Chat", RecordingChat)
+    monkeypatch.setattr("sys.stdin", io.StringIO(typed))
+    code = chat.main(list(args))
+    return code, capsys.readouterr().out.splitlines(), RecordingChat.latest
+
+
+def test_the_chat_command_keeps_the_conversation_and_reset_clears_it_to_the_system_message(tmp_path, monkeypatch,
+                                                                                            capsys):  # fmt: skip
+    (tmp_path / "config.json").write_text("{}")  # an HF model dir, as far as the command looks
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+    code, out, chat = chat_command(monkeypatch, capsys, str(tmp_path), "--system", "Be brief.", "--tools", str(tools),
+                                   typed="Hello.\nAnd then?\n/reset\nAgain.\n/exit\n")  # fmt: skip
+    system = {"role": "system", "content": "Be brief."}
+    user = lambda text: {"role": "user", "content": text}  # noqa: E731
+    assert code == 0
+    assert [messages for messages, _, _ in chat.calls] == [
+        [system, user("Hello.")],
+        [system, user("Hello."), {"role": "assistant", "content": "answer 1"}, user("And then?")],
+        [system, user("Again.")],  # after /reset: the system message only
+    ]
+    assert all(t == TOOLS and kw == {"max_new_tokens": 256, "do_sample": False} for _, t, kw in chat.calls)
+    assert out[1:] == ["you> answer 1", "you> answer 2", "you> you> answer 3", "you> "]  # the answer, not its reasoning
+
+
+def test_the_chat_command_one_shot_shows_reasoning_and_samples_on_request(tmp_path, monkeypatch, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    code, out, chat = chat_command(monkeypatch, capsys, str(tmp_path), "--prompt", "Hi?", "--show_reasoning",
+                                   "--do_sample", "--temperature", "0.7", "--top_k", "5", "--max_new_tokens", "9")  # fmt: skip
+    assert (code, out) == (0, ["<think>", "thinking 1", "</think>", "answer 1"])
+    assert chat.calls == [([{"role": "user", "content": "Hi?"}], None,
+                           {"max_new_tokens": 9, "do_sample": True, "temperature": 0.7, "top_k": 5})]  # fmt: skip
+    # greedy (no --do_sample): the sampling flags are not passed on
+    code, out, chat = chat_command(monkeypatch, capsys, str(tmp_path), "--prompt", "Hi?", "--temperature", "0.7")
+    assert (code, out, chat.calls[0][2]) == (0, ["answer 1"], {"max_new_tokens": 256, "do_sample": False})
+
+
+def test_the_chat_command_refuses_tools_that_are_not_a_list(tmp_path, monkeypatch, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tools.json").write_text(json.dumps(TOOLS[0]))
+    from qwen3_neuron.hf_io import chat_command as chat
+
+    assert chat.main([str(tmp_path), "--tools", str(tmp_path / "tools.json"), "--prompt", "Hi?"]) == 2
+    expected = f"error: --tools {tmp_path / 'tools.json'}: expected a JSON list of tool schemas\n"
+    assert capsys.readouterr().err == expected
+
+
+def test_chat_renders_system_and_tools_with_the_template_and_stops_a_base_model_at_its_end_of_turn(assets, capsys):
+    """A base dir (stops at EOS only): the note on stderr, and generate() told to stop at <|im_end|> too."""
+    import torch
+
+    from qwen3_neuron.hf_io.chat_command import Chat
+
+    chat = Chat(assets.tiny_qwen3_dir, "cpu")
+    tokenizer = chat.tokenizer
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert capsys.readouterr().err == (
+        f"note: {assets.tiny_qwen3_dir}: generation_config.json stops at [{tokenizer.eos_token_id}], not at the chat "
+        f"template's end of turn '<|im_end|>' ({im_end}): replies would not end; stopping there in this chat\n")  # fmt: skip
+    seen = {}
+
+    def generate(input_ids, attention_mask, eos_token_id, **kwargs):
+        seen.update(prompt=tokenizer.decode(input_ids[0]), eos=eos_token_id, kwargs=kwargs)
+        written = tokenizer("<think>\n\n</think>\n\nFine.<|im_end|>")["input_ids"]
+        return torch.cat([input_ids, torch.tensor([written])], dim=1)
+
+    chat.model.generate = generate
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}]
+    assert chat.reply(messages, TOOLS, max_new_tokens=5) == "<think>\n\n</think>\n\nFine."
+    assert seen["prompt"] == tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True,
+                                                           tokenize=False)  # fmt: skip
+    assert "Be brief." in seen["prompt"] and '"name": "get_weather"' in seen["prompt"]
+    assert (seen["eos"], seen["kwargs"]) == ([im_end, tokenizer.eos_token_id], {"max_new_tokens": 5})
+
+
 # ---- a chat SFT run, exported, used as users use it ----------------------------------------------
 
 ANSWER = "Answer: 42."
@@ -198,20 +292,21 @@ def test_the_chat_export_answers_a_new_question_and_stops_at_the_end_of_its_turn
 
 
 @pytest.mark.integration
-def test_the_chat_command_prints_the_reply_one_shot_and_interactively(chat_sft_run):
-    command = [sys.executable, "-m", "qwen3_neuron.chat", str(chat_sft_run)]  # a run dir: its export
-    one_shot = subprocess.run([*command, "--prompt", "What is a sunset?"], cwd=REPO, capture_output=True, text=True)
-    assert (one_shot.returncode, one_shot.stdout) == (0, f"{ANSWER}\n")
-    session = subprocess.run(command, input="Hello there.\n/reset\nAnd the stars?\n/exit\n", cwd=REPO,
-                             capture_output=True, text=True)  # fmt: skip
-    assert session.returncode == 0
-    assert session.stdout.splitlines()[1:] == [f"you> {ANSWER}", f"you> you> {ANSWER}", "you> "]
-    missing = subprocess.run([*command[:-1], str(chat_sft_run / "nothing")], capture_output=True, text=True)
-    assert missing.returncode == 2 and "neither an HF model dir" in missing.stderr
+def test_the_chat_command_prints_the_reply_one_shot_and_interactively(chat_sft_run, monkeypatch, capsys):
+    """In-process (`main` is what `python -m qwen3_neuron.chat` runs): the trained export's replies."""
+    from qwen3_neuron.hf_io.chat_command import main
+
+    assert main([str(chat_sft_run), "--prompt", "What is a sunset?"]) == 0  # a run dir: its export
+    assert capsys.readouterr().out == f"{ANSWER}\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello there.\n/reset\nAnd the stars?\n/exit\n"))
+    assert main([str(chat_sft_run)]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [f"you> {ANSWER}", f"you> you> {ANSWER}", "you> "]
+    assert main([str(chat_sft_run / "nothing")]) == 2
+    assert "neither an HF model dir" in capsys.readouterr().err
 
 
 @pytest.mark.integration
-def test_lm_eval_scores_the_chat_export_above_the_untrained_base(chat_sft_run, assets):
+def test_lm_eval_scores_the_chat_export_above_the_untrained_base(chat_sft_run, assets, capsys):
     summary = json.loads((chat_sft_run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["eval_error"] is None
     trained_score = summary["eval"]["tiny_chat_answer"]["exact_match"]
@@ -219,11 +314,13 @@ def test_lm_eval_scores_the_chat_export_above_the_untrained_base(chat_sft_run, a
     assert results["results"]["tiny_chat_answer"]["exact_match,none"] == trained_score
     assert results["n-samples"]["tiny_chat_answer"]["effective"] == 16
 
-    # the same task on the untrained base, by the standalone command (an HF dir: scores on stdout)
-    base = subprocess.run([sys.executable, "-m", "qwen3_neuron.eval", str(assets.tiny_qwen3_dir), *EVAL_CHAT_ANSWER[1:]],
-                          cwd=REPO, capture_output=True, text=True, check=False)  # fmt: skip
-    assert base.returncode == 0, base.stderr[-3000:]
-    assert json.loads(base.stdout.splitlines()[-1]) == {"tiny_chat_answer": {"exact_match": 0.0}}
+    # the same task on the untrained base, by the standalone command in-process (`python -m
+    # qwen3_neuron.eval` runs this main; an HF dir: scores on stdout)
+    from qwen3_neuron.eval.__main__ import main
+
+    capsys.readouterr()
+    assert main([str(assets.tiny_qwen3_dir), *EVAL_CHAT_ANSWER[1:]]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {"tiny_chat_answer": {"exact_match": 0.0}}
     assert trained_score >= 0.9  # random weights never say "Answer: 42."; the fine-tuned model does
 
 

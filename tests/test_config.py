@@ -15,8 +15,10 @@ from qwen3_neuron.job import trainer_keys as trainer_keys_module
 from qwen3_neuron.job.job import Job
 from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.job.settings import parse_settings
+from qwen3_neuron.job.trainer_config import build_trainer_config
 from qwen3_neuron.job.trainer_keys import KEYS_FILE, check_trainer_keys, installed_torchtitan, trainer_keys
 from qwen3_neuron.launch.hydra_setup import TRAINER_SECTIONS
+from qwen3_neuron.run_dir import earlier_run
 
 
 def plan_for(tmp_path, *overrides):
@@ -180,6 +182,9 @@ def test_dry_run_records_the_run_and_starts_nothing(tmp_path, assets):
     assert not (run_dir / "train.log").exists() and not (run_dir / "metrics.jsonl").exists()
     assert '"steps": 7' in (run_dir / "trainer_config.json").read_text()
     assert "qwen3_neuron.worker.train" in (run_dir / "command.sh").read_text()
+    # the record says what it is: no run a new launch must keep out of
+    assert (run_dir / "PLAN_ONLY.txt").read_text().startswith("run.dry_run=true: the plan recorded here")
+    assert earlier_run(run_dir) is None
     # the plan, one line per fact: the override list summarised, each warning once, no JSON
     out = result.stdout + result.stderr
     assert "[qwen3-neuron] override: 4 x model_spec.model.layers.*.attention.inner_attention" in out
@@ -215,3 +220,19 @@ def test_chat_validation_follows_the_users_data(tmp_path, assets):
     assert carved.enable and carved.dataloader.sources[0].val_fraction == 0.05
     with pytest.raises(ConfigError, match="data.val_fraction and data.val_files both"):
         plan_for(tmp_path, "data=chat", mine, "data.val_fraction=0.05", f"data.val_files={tmp_path / 'mine.jsonl'}")
+
+
+@pytest.mark.parametrize(
+    ("checkpointing", "interval", "last_step_full"),
+    [("periodic", 10, True), ("[periodic,export_hf]", 10, False), ("[from_hf,export_hf]", 31, False)],
+)
+def test_only_periodic_checkpointing_saves_on_the_way_and_its_last_step_is_a_full_checkpoint(
+    assets, tmp_path, checkpointing, interval, last_step_full
+):
+    """checkpointing=periodic saves every checkpoint.interval steps and its last step in full (a
+    resume with a larger training.steps continues from it); an export alone saves nothing before
+    its last step (its interval lies past the 30 steps), where it writes the HF save."""
+    initial = [f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"] if "from_hf" in checkpointing else []
+    job = compose_job(f"checkpointing={checkpointing}", *initial).settled()
+    checkpoint = build_trainer_config(job, tmp_path).checkpoint
+    assert (checkpoint.interval, not checkpoint.last_save_model_only) == (interval, last_step_full)

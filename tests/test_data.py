@@ -148,6 +148,14 @@ def test_a_best_fit_packer_restored_from_its_state_makes_the_same_samples():
     samples = before + after
     assert sum(lengths) == 720 == sum(32 - padding for *_, padding in samples)  # every token placed once
     assert (len(samples), sum(padding for *_, padding in samples)) == (23, 16)  # greedy: 29 samples, 208 padding
+    # every document read back whole, in one sample: the multiset of lengths and each one's tokens
+    read_back = []
+    for inputs, _, positions, padding in samples:
+        starts = [0, *(i for i, p in enumerate(positions) if p == 0 and i > 0), len(positions)]
+        pieces = [inputs[a:b] for a, b in zip(starts, starts[1:])][: len(starts) - 1 - (padding > 0)]
+        assert all(piece == list(range(len(piece))) for piece in pieces)
+        read_back += [len(piece) for piece in pieces]
+    assert sorted(read_back) == sorted(lengths)
 
 
 def test_flow_layout_runs_a_document_on_and_restarts_its_positions():

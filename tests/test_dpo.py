@@ -32,6 +32,19 @@ from qwen3_neuron.finetune.dpo import (
 from qwen3_neuron.finetune.logprobs import token_logps
 
 
+TRL_ROWS = [
+    {"prompt": [{"role": "user", "content": "What does getcontext() do?"}],
+     "chosen": [{"role": "assistant", "content": "Returns this thread's context."}],
+     "rejected": [{"role": "assistant", "content": "Nothing at all, ever."}]},
+    {"prompt": [{"role": "user", "content": "How is it declared?"}],
+     "chosen": [{"role": "assistant", "content": "def getcontext():"}],
+     "rejected": [{"role": "assistant", "content": "class Context: pass, with more words"}]},
+    {"prompt": [{"role": "user", "content": "What is a deque?"}],
+     "chosen": [{"role": "assistant", "content": "A double-ended queue."}],
+     "rejected": [{"role": "assistant", "content": "A dictionary."}]},
+]  # fmt: skip
+
+
 def _trl_trainer(model_dir, ref_model, model, loss_type: str, beta: float, label_smoothing: float, sft_weight: float,
                  tmp_path):
     from datasets import Dataset
@@ -39,17 +52,7 @@ def _trl_trainer(model_dir, ref_model, model, loss_type: str, beta: float, label
     from trl import DPOConfig, DPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows = Dataset.from_list([
-        {"prompt": [{"role": "user", "content": "What does getcontext() do?"}],
-         "chosen": [{"role": "assistant", "content": "Returns this thread's context."}],
-         "rejected": [{"role": "assistant", "content": "Nothing at all, ever."}]},
-        {"prompt": [{"role": "user", "content": "How is it declared?"}],
-         "chosen": [{"role": "assistant", "content": "def getcontext():"}],
-         "rejected": [{"role": "assistant", "content": "class Context: pass, with more words"}]},
-        {"prompt": [{"role": "user", "content": "What is a deque?"}],
-         "chosen": [{"role": "assistant", "content": "A double-ended queue."}],
-         "rejected": [{"role": "assistant", "content": "A dictionary."}]},
-    ])  # fmt: skip
+    rows = Dataset.from_list(TRL_ROWS)
     args = DPOConfig(
         output_dir=str(tmp_path), beta=beta, label_smoothing=label_smoothing,
         loss_type=[loss_type, "sft"] if sft_weight else [loss_type], loss_weights=[1.0, sft_weight] if sft_weight else None,
@@ -330,3 +333,129 @@ def test_dpo_metrics_reach_the_summary_the_sweep_table_the_objective_and_the_pro
     progress._poll()
     progress.stop()
     assert "step 2/2  loss 0.4000  val 0.4500  acc 0.75  margin 0.500" in out.getvalue()
+
+
+# ---- the training seam (finetune/dpo_step.py), in-process -------------------------------------
+
+
+def _weights(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _bitwise_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_the_frozen_reference_swaps_the_starting_weights_in_and_back_bit_for_bit_and_survives_a_checkpoint():
+    from qwen3_neuron.finetune.dpo_step import FrozenReference
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    reference = FrozenReference(model)
+    assert int(reference.taken) == 0
+    reference.take()
+    start = _weights(model)
+    with torch.no_grad():  # training moves the policy away
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    trained = _weights(model)
+    with reference.swapped_in():
+        assert _bitwise_equal(_weights(model), start)
+    assert _bitwise_equal(_weights(model), trained)
+
+    # a checkpoint's round trip (torch.save, as DCP stores the tensors): a resumed run's reference
+    # is the first run's starting weights, not the weights it resumes with
+    buffer = io.BytesIO()
+    torch.save(reference.state_dict(), buffer)
+    resumed_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    resumed_model.load_state_dict(model.state_dict())
+    resumed = FrozenReference(resumed_model)  # as built at a resume: a copy of whatever the model holds
+    buffer.seek(0)
+    resumed.load_state_dict(torch.load(buffer))
+    assert int(resumed.taken) == 1
+    with resumed.swapped_in():
+        assert _bitwise_equal(_weights(resumed_model), start)
+    assert _bitwise_equal(_weights(resumed_model), trained)
+
+
+def test_pairs_and_chosen_tokens_are_counted_from_the_sequence_ids():
+    from qwen3_neuron.finetune.dpo_step import _counts
+
+    sequence_ids = torch.tensor([
+        [-1, -1, 0, 0, 0, -1, 1, 1, -1, 2, 2, -1, 3, 3, 3],  # two pairs: chosen 0 (3 tokens) and 2 (2)
+        [-1, 0, 0, -1, 1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1],  # one pair: chosen 0 (2 tokens)
+        [-1] * 15,  # padding only
+    ])  # fmt: skip
+    assert _counts(sequence_ids) == (3, 7)
+
+
+def test_lora_adapters_off_computes_the_base_models_output_and_then_the_adapted_one_again():
+    from torchtitan.models.common.linear import Linear
+
+    from qwen3_neuron.finetune.dpo_step import adapters_off
+    from qwen3_neuron.finetune.lora import LoRADropoutConverter
+
+    torch.manual_seed(0)
+    converter = LoRADropoutConverter.Config(rank=2, alpha=4.0, dropout=0.0).build()
+    layers = [converter.convert(Linear.Config(in_features=n, out_features=m, bias=False)).build()
+              for n, m in ((8, 6), (6, 4))]  # fmt: skip
+    with torch.no_grad():
+        for p in (p for layer in layers for p in layer.parameters()):
+            p.copy_(torch.randn(p.shape))  # B nonzero: the adapters change the output
+    model = torch.nn.Sequential(layers[0], torch.nn.Tanh(), layers[1]).eval()
+    x = torch.randn(3, 8)
+    base = torch.tanh(x @ layers[0].weight.T) @ layers[1].weight.T  # the weights without their adapters
+    with torch.no_grad():
+        adapted = model(x)
+        with adapters_off(model):
+            off = model(x)
+        again = model(x)
+    torch.testing.assert_close(off, base, rtol=0, atol=1e-6)
+    assert (adapted - base).abs().max() > 1e-2
+    assert torch.equal(again, adapted)
+
+
+# ---- the project's own rendering and packing against TRL's per-sequence log-probabilities --------
+
+
+def test_the_projects_sequence_logps_are_trls_without_the_newline_after_the_end_of_turn(assets, tmp_path, tokenizer):
+    """The same rows rendered and packed by the project (data=preference) and by TRL 1.16's
+    DPOTrainer, scored by the same model: each response's log-probability is TRL's less one token.
+    TRL trains the `\\n` the chat template writes after `<|im_end|>`; the project does not (as in
+    data=chat: generation stops at `<|im_end|>`, the `\\n` is never generated)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(assets.tiny_qwen3_dir, dtype=torch.float32).eval()
+    trainer = _trl_trainer(assets.tiny_qwen3_dir, None, model, "sigmoid", 0.1, 0.0, 0.0, tmp_path / "trl")
+    batch = next(iter(trainer.get_train_dataloader()))
+    ids, mask = batch["input_ids"], batch["completion_mask"]
+    trl_labels = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+    with torch.no_grad():
+        trl_tokens = token_logps(model(ids, attention_mask=batch["attention_mask"]).logits[:, :-1], trl_labels)
+    n = ids.shape[0] // 2  # TRL's rows: the chosen responses, then the rejected ones
+
+    # the project: the same three pairs, one pair a sample (packing=none keeps their order)
+    files = tmp_path / "pairs.jsonl"
+    files.write_text("".join(json.dumps(row) + "\n" for row in TRL_ROWS))
+    source = dataclasses.replace(PREFERENCE, files=str(files), packing="none")
+    samples = list(PackedDataset(source, tokenizer, seq_len=128, infinite=False))
+    assert len(samples) == n == 3
+    matched = []
+    newline = tokenizer.encode("\n", add_bos=False, add_eos=False)
+    for k, (input_dict, labels) in enumerate(samples):
+        inputs, positions = input_dict["input"], input_dict["positions"].tolist()
+        starts = [i for i, p in enumerate(positions) if p == 0] + [len(positions)]
+        with torch.no_grad():  # each document alone: what the block-causal mask from positions computes
+            logits = torch.cat([model(inputs[None, a:b]).logits[0] for a, b in zip(starts, starts[1:])])
+        sums, _ = sequence_sums(token_logps(logits[None], labels[None]), input_dict[SEQUENCE_IDS][None])
+        for side in (0, 1):  # chosen, rejected
+            ours = labels[input_dict[SEQUENCE_IDS] == side].tolist()
+            assert ours[-1] == tokenizer.tokenizer.token_to_id("<|im_end|>")
+            # TRL's row of the same response (its loader shuffles): exactly one, one token longer
+            trained_by_trl = {r: trl_labels[r][trl_labels[r] != -100].tolist() for r in range(side * n, (side + 1) * n)}
+            [row] = [r for r, tokens in trained_by_trl.items() if tokens == ours + newline]
+            last = trl_tokens[row][trl_labels[row] != -100][-1]  # TRL's one more token: the newline
+            assert float(sums[0, side]) == pytest.approx(float(trl_tokens[row].sum() - last), rel=1e-5, abs=1e-5)
+            assert float(last) < 0  # a token of its own, with its own probability
+            matched.append(row)
+    assert sorted(matched) == list(range(2 * n))

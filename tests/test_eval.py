@@ -9,8 +9,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 
 import pytest
+from conftest import REPO
 
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.eval.eval_section import EvalSettings
@@ -113,3 +115,86 @@ def test_a_completed_run_resumed_with_new_eval_keys_is_evaluated_only(tmp_path):
     assert rescore_settings(tmp_path, composed, ["run.resume=x", "training.steps=50"]) is None  # trains on, as before
     objective = "eval.tiny_chat_answer.exact_match"
     assert sweep_job_value(summary, objective, stop_on_failure=False) == 0.5
+
+
+def test_scores_accumulate_and_a_trained_on_runs_earlier_scores_move_aside(assets, tmp_path):
+    """`python -m qwen3_neuron.eval <run> eval.tasks=[a]`, then `[b]`: eval/results.json and the
+    summary's `eval` hold both. Once the run trains on (run.resume with a larger training.steps),
+    they are the earlier model's: moved to eval/step-N/, none left looking current."""
+    from qwen3_neuron.eval.__main__ import main as evaluate_main
+    from qwen3_neuron.eval.run import set_aside_earlier_scores
+
+    tasks = shutil.copytree(REPO / "qwen3_neuron" / "eval" / "tasks" / "tiny_chat_answer", tmp_path / "tasks")
+    again = tasks / "tiny_chat_answer.yaml"
+    again.rename(tasks / "again.yaml")
+    (tasks / "again.yaml").write_text(
+        (tasks / "again.yaml").read_text().replace("task: tiny_chat_answer", "task: tiny_chat_answer_again")
+    )
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = {"status": "completed", "steps": 10, "export_dir": str(assets.tiny_qwen3_dir)}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    quick = ["eval.limit=2", "eval.apply_chat_template=true"]
+    assert evaluate_main([str(run_dir), "eval.tasks=[tiny_chat_answer]", *quick]) == 0
+    assert evaluate_main([str(run_dir), "eval.tasks=[tiny_chat_answer_again]", f"eval.include_path={tasks}", *quick]) == 0
+    both = {"tiny_chat_answer", "tiny_chat_answer_again"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary["eval"]) == both and summary["status"] == "completed"
+    assert set(json.loads((run_dir / "eval" / "results.json").read_text())["results"]) == both
+
+    aside = set_aside_earlier_scores(run_dir, summary)
+    assert aside == run_dir / "eval" / "step-10"
+    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["step-10"]
+    assert json.loads((aside / "scores.json").read_text()) == summary["eval"]
+    assert set(json.loads((aside / "results.json").read_text())["results"]) == both
+
+
+# ---- python -m qwen3_neuron.eval <run dir>: scored again, training nothing -----------------------
+
+TRAINED = {"status": "completed", "exit_code": 0, "final_loss": 1.25, "steps": 10}
+
+
+def _run_dir(tmp_path, export_dir):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({**TRAINED, "export_dir": str(export_dir)}))
+    return run
+
+
+def test_the_eval_command_on_a_run_dir_writes_its_scores_beside_the_training_record(tmp_path, monkeypatch):
+    """lm-eval itself stands aside here (tests/test_chat.py scores for real): what the command
+    does with its scores."""
+    from qwen3_neuron.eval import run as eval_run
+    from qwen3_neuron.eval.__main__ import main
+
+    asked = []
+
+    def lm_eval(model_dir, settings, out_dir, device, manager, adapter):
+        asked.append((model_dir, settings.tasks, settings.limit, adapter))
+        (out_dir / "results.json").write_text("{}")
+        return {"tiny_chat_answer": {"exact_match": 0.5}}
+
+    monkeypatch.setattr(eval_run, "evaluate", lm_eval)
+    export = tmp_path / "export"
+    run = _run_dir(tmp_path, export)
+    assert main([str(run), "eval.tasks=[tiny_chat_answer]", "eval.limit=2"]) == 0
+    assert asked == [(export, ["tiny_chat_answer"], 2, None)]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["eval"] == {"tiny_chat_answer": {"exact_match": 0.5}} and summary["eval_error"] is None
+    assert {k: summary[k] for k in TRAINED} == TRAINED  # the training's record as it was
+    assert (run / "eval" / "results.json").exists()
+
+
+def test_a_failed_evaluation_of_a_run_dir_keeps_it_completed_records_the_error_and_exits_1(tmp_path, capsys):
+    from qwen3_neuron.eval.__main__ import main
+
+    broken = tmp_path / "broken-export"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # no model type, no weights: lm-eval cannot load it
+    run = _run_dir(tmp_path, broken)
+    assert main([str(run), "eval.tasks=[tiny_chat_answer]", "eval.limit=2"]) == 1
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["eval_error"].startswith("evaluation failed: ")
+    assert {k: summary[k] for k in TRAINED} == TRAINED
+    assert "[qwen3-neuron] evaluation failed: " in capsys.readouterr().err
+    assert (run / "eval" / "eval.log").exists()

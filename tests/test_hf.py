@@ -588,3 +588,40 @@ def test_check_first_loss_warns_and_says_when_to_fail(assets):
     assert check(None, "warn").fails("fail") is False  # no step ran
     assert len(printed) == 1
     assert check(5.9, "fail").ok
+
+
+# ---- an export ends a chat turn ----------------------------------------------------------------
+
+
+def test_an_exports_generation_config_ends_generate_at_the_chat_templates_end_of_turn(assets, tmp_path):
+    """The tiny dir, like a base model, stops at EOS only; made a chat export's, generate() stops
+    at `<|im_end|>` (the token the chat template closes each turn with) as well as at EOS."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
+
+    from qwen3_neuron.hf_io.generation import GENERATION_CONFIG_FILE, chat_stop_problem, stop_at_end_of_turn
+
+    model_dir = shutil.copytree(assets.tiny_qwen3_dir, tmp_path / "export")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end != tokenizer.eos_token_id
+    assert "not at the chat template's end of turn '<|im_end|>'" in chat_stop_problem(model_dir)
+
+    assert stop_at_end_of_turn(model_dir) == [im_end, tokenizer.eos_token_id]
+    written = json.loads((model_dir / GENERATION_CONFIG_FILE).read_text())
+    assert written["eos_token_id"] == [im_end, tokenizer.eos_token_id] and chat_stop_problem(model_dir) is None
+    assert stop_at_end_of_turn(model_dir) == [im_end, tokenizer.eos_token_id]  # a second call changes nothing
+
+    class EndTurnAtThirdToken(LogitsProcessor):  # an untrained model: make it write the marker
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[1] - prompt_length == 2:
+                scores[:, :] = -math.inf
+                scores[:, im_end] = 0.0
+            return scores
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi."}], add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)  # fmt: skip
+    prompt_length = prompt["input_ids"].shape[1]
+    output = model.generate(**prompt, max_new_tokens=12, do_sample=False,
+                            logits_processor=LogitsProcessorList([EndTurnAtThirdToken()]))  # fmt: skip
+    assert output[0, prompt_length:].tolist()[-1] == im_end and output.shape[1] == prompt_length + 3

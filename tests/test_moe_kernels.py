@@ -433,3 +433,31 @@ def test_example_user_kernel_through_the_registry():
         type(layer.moe.routed_experts.inner_experts) is LoopExperts.Config
         for layer in config.layers
     )
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_same_moe_layer_step_repeats_bit_for_bit_at_one_and_two_threads(threads):
+    """Same weights, same batch: the same output and gradients every time (routing, torchtitan's
+    token dispatch and bf16 grouped matmuls included), at the thread counts the CPU runs use."""
+    config = tiny_moe_model_config()
+    torch.manual_seed(0)
+    moe: MoE = config.layers[0].moe.build()
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, std=p.shape[-1] ** -0.5)
+    x, grad_out = torch.randn(2, 256, config.dim), torch.randn(2, 256, config.dim)
+
+    def step() -> list[torch.Tensor]:
+        moe.zero_grad(set_to_none=True)
+        xx = x.clone().requires_grad_()
+        out = moe(xx)
+        out.backward(grad_out)
+        return [out.detach(), xx.grad, *(p.grad for p in moe.parameters())]
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        first = step()
+        for _ in range(2):
+            assert all(torch.equal(a, b) for a, b in zip(first, step()))
+    finally:
+        torch.set_num_threads(before)

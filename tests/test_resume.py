@@ -6,12 +6,12 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import REPO, TINY, command_lines, launch
 
@@ -81,6 +81,30 @@ def test_the_same_seed_again_and_its_resume_after_kill_9_give_identical_losses(d
     after = range(intact + 1, STEPS + 1)
     assert [resumed[s] for s in after] == [uninterrupted[s] for s in after]
     assert "checkpointing=periodic" in (run_dir / ".hydra" / "overrides.yaml").read_text()  # the first launch's
+    extended_from_its_last_step_or_the_one_before_trains_alike(run_dir, tmp_path)
+
+
+def extended_from_its_last_step_or_the_one_before_trains_alike(run_dir: Path, tmp_path: Path) -> None:
+    """The finished run extended by two steps: its last step is a checkpoint, so only the new steps
+    train; from the checkpoint before (checkpoint.load_step), steps 9-10 retrain on the schedule
+    they were planned with, and the new steps 11-12 are the same as from the last step."""
+    assert complete_steps(run_dir / "checkpoint") == [STEPS - 2, STEPS]  # the last step is a full checkpoint
+    extended, extended_earlier = STEPS + 2, shutil.copytree(run_dir, tmp_path / "from-earlier")
+    rule = (f"run.resume: training on to step {extended}; learning rate: steps 1-{STEPS} keep the schedule planned "
+            f"for {STEPS} steps; steps {STEPS + 1}-{extended} train at its step-{STEPS} rate")  # fmt: skip
+    trained = len(losses(run_dir))
+    lines_before = len((run_dir / "metrics.jsonl").read_text().splitlines())
+    result = launch(None, f"run.resume={run_dir}", f"training.steps={extended}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert rule in result.stdout and f"continuing from checkpoint step-{STEPS} of" in result.stdout
+    new_records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()[lines_before:]]
+    assert [r["step"] for r in new_records if "loss" in r] == [STEPS + 1, STEPS + 2]  # only the new steps
+    result = launch(None, f"run.resume={extended_earlier}", f"training.steps={extended}", f"checkpoint.load_step={STEPS - 2}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert rule in result.stdout
+    last, earlier = losses(run_dir), losses(extended_earlier)
+    assert len(last) == trained + 2
+    assert [earlier[s] for s in range(STEPS - 1, extended + 1)] == [last[s] for s in range(STEPS - 1, extended + 1)]
 
 
 @pytest.fixture
@@ -160,6 +184,24 @@ def test_resuming_a_run_with_nothing_left_to_train_does_nothing(default_run, tmp
     assert _files(run_dir) == before  # no torchrun started, summary.json as the run left it
 
 
+def test_a_new_run_pointed_at_a_finished_run_dir_is_refused_and_writes_nothing(default_run, tmp_path):
+    """The issue's case: a run trained into D, then a new run into D with another lr. Refused before
+    anything is written (Hydra's record, job.yaml, metrics and summary as the first run left them)."""
+    run_dir = shutil.copytree(default_run, tmp_path / "run")
+    before = _contents(run_dir)
+    result = launch(run_dir, "training.steps=2", "optimizer.lr=1e-2")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert (f"Config error: run dir {run_dir} holds a run already (summary.json; completed after {STEPS} steps); "
+            f"a new run never writes into another's dir. To continue or extend that run: run.resume={run_dir} "
+            "(training.steps=N trains on to step N). For a new run: leave hydra.run.dir unset, or name a dir "
+            "of its own.") in result.stderr  # fmt: skip
+    assert _contents(run_dir) == before
+
+
+def _contents(run_dir: Path) -> dict[str, bytes]:
+    return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
 def _files(run_dir: Path) -> dict[str, int]:
     return {p.relative_to(run_dir).as_posix(): p.stat().st_size for p in run_dir.rglob("*") if p.is_file()}
 
@@ -183,18 +225,32 @@ def as_of_checkpoint(run_dir: Path, copy: Path, step: int) -> Path:
 
 
 def kill_9_after_checkpoint(run_dir: Path, overrides, checkpoint_step: int, steps_logged: int) -> None:
-    """Train `overrides` through launch.py in `run_dir`; kill -9 the launcher, torchrun and every
-    worker once checkpoint step-`checkpoint_step` is complete and `steps_logged` training steps
-    are in metrics.jsonl. Nothing is summarised."""
+    """Train `overrides` through launch.py in `run_dir`; kill -9 the launcher once checkpoint
+    step-`checkpoint_step` is complete and `steps_logged` training steps are in metrics.jsonl:
+    within 5 s torchrun and every worker are gone too. Nothing is summarised, and the launch's
+    handoff files are gone."""
     process = subprocess.Popen(
         [sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *overrides],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     checkpoint = run_dir / "checkpoint" / f"step-{checkpoint_step}" / ".metadata"
     _wait_for(lambda: checkpoint.exists() and _steps_logged(run_dir) >= steps_logged, process)
-    _kill_everything_mentioning(str(run_dir))
+    started = [pid for pid, args in command_lines() if str(run_dir) in args and pid != process.pid]
+    assert len(started) >= 2  # torchrun and its workers
+    process.kill()
     process.wait(timeout=60)
-    assert not (run_dir / "summary.json").exists()
+    deadline = time.monotonic() + 5
+    while (alive := [pid for pid in started if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive == [], [args for pid, args in command_lines() if pid in alive]
+    assert not (run_dir / "summary.json").exists() and not list(run_dir.glob(".plan_*"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # a zombie has ended, unreaped
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _lock_owner(run_dir: Path) -> int | None:
@@ -216,13 +272,3 @@ def _wait_for(condition, process, timeout=300):
     while not condition():
         assert process.poll() is None and time.time() < deadline, "run ended or stalled before the kill"
         time.sleep(0.2)
-
-
-def _kill_everything_mentioning(text: str) -> None:
-    """kill -9 the launcher, torchrun and every worker of this run, as a machine crash would."""
-    for pid, args in command_lines():
-        if text in args:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                continue

@@ -14,7 +14,9 @@ import pytest
 from conftest import REPO
 
 from qwen3_neuron.errors import RunDirInUse
+from qwen3_neuron.launch import run_lock
 from qwen3_neuron.launch.run_lock import STALE_AFTER_SECONDS, Owner, RunDirLock
+from qwen3_neuron.run_dir import earlier_run
 
 HOLD = """
 import sys, time
@@ -76,3 +78,43 @@ def test_each_node_of_a_multi_node_job_holds_its_own_lock(tmp_path):
     node0.release()
     node1.release()
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("left", ["summary.json", "metrics.jsonl", "train.log", "failure.json", "job.yaml"])
+def test_a_dir_holding_a_run_is_named_by_what_it_holds_and_a_dry_runs_record_is_not_a_run(tmp_path, left):
+    """Finished (summary), interrupted (metrics, output) or stopped at its plan (job.yaml): a run.
+    A dry run's or run.show_data's record (job.yaml beside PLAN_ONLY.txt) is not."""
+    (tmp_path / left).write_text("")
+    assert earlier_run(tmp_path) == left
+    (tmp_path / "PLAN_ONLY.txt").write_text("")
+    assert earlier_run(tmp_path) == (None if left == "job.yaml" else left)
+
+
+def test_a_held_flock_refuses_even_when_the_record_looks_like_another_hosts_stale_one(tmp_path):
+    """Where flock works it decides: a launch whose view of the record is another host's stale one
+    (a record being rewritten, a clock off) is still refused while the owner holds the dir."""
+    owner = RunDirLock.take(tmp_path)
+    stale = replace(Owner.this_process(), host="another-node", pid=1)
+    (tmp_path / ".lock").write_text(json.dumps(asdict(stale)))
+    long_ago = time.time() - STALE_AFTER_SECONDS - 1
+    os.utime(tmp_path / ".lock", (long_ago, long_ago))
+    try:
+        with pytest.raises(RunDirInUse, match="in use by another launch \\(pid 1 on host another-node"):
+            RunDirLock.take(tmp_path)
+    finally:
+        owner.release()
+
+
+def test_the_owner_refreshes_its_record_while_it_holds_the_dir(tmp_path, monkeypatch):
+    """Another host judges the owner alive by the record's age: the heartbeat keeps it fresh."""
+    monkeypatch.setattr(run_lock, "HEARTBEAT_SECONDS", 0.05)
+    lock = RunDirLock.take(tmp_path)
+    long_ago = time.time() - STALE_AFTER_SECONDS - 1
+    os.utime(tmp_path / ".lock", (long_ago, long_ago))
+    try:
+        deadline = time.time() + 5
+        while (tmp_path / ".lock").stat().st_mtime < long_ago + 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert time.time() - (tmp_path / ".lock").stat().st_mtime < STALE_AFTER_SECONDS
+    finally:
+        lock.release()

@@ -21,6 +21,7 @@ from qwen3_neuron.data.dataset import document_fate, pair_fate
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.data.packing import document
 from qwen3_neuron.data.preference import pair_tokens, row_pair
+from qwen3_neuron.data.prompts import prompt_field, prompt_tokens
 from qwen3_neuron.data.row_loading import first_rows, is_validation_row
 from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.errors import ConfigError
@@ -42,9 +43,12 @@ def _check_hub_cache(repo_id: str, key: str) -> None:
         )
 
 
-def check_data(config: Trainer.Config, world_size: int, warn: Callable[[str], None] = print) -> None:
-    """Raise ConfigError on a data section the workers could not train on; `warn` gets what the
-    first rows showed that the user should know (rows truncated or dropped at this seq_len)."""
+def check_data(
+    config: Trainer.Config, world_size: int, completion_tokens: int = 0, warn: Callable[[str], None] = print
+) -> None:
+    """Raise ConfigError on a data section the workers could not train on. `completion_tokens`:
+    data=prompts, the room each prompt must leave in training.seq_len (grpo.max_completion_length);
+    `warn` gets what the first rows showed that the user should know (rows dropped at this seq_len)."""
     loader = config.dataloader
     if getattr(loader, "dataset", None) in HUB_REGISTERED and not loader.dataset_path:
         _check_hub_cache(HUB_REGISTERED[loader.dataset], f"dataloader.dataset={loader.dataset}")
@@ -57,6 +61,9 @@ def check_data(config: Trainer.Config, world_size: int, warn: Callable[[str], No
         if source.max_dropped is not None and not 0 <= source.max_dropped < 1:
             raise ConfigError(f"{key}.max_dropped={source.max_dropped}: a share of the rows read, in [0, 1) "
                               "(0.1: a tenth), or null for no limit")  # fmt: skip
+        if source.format == "prompts":
+            _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens)
+            continue
         rows = _check_source(source, key, f"{key}.files", tokenizer, config.training.seq_len, warn)
         if source.val_fraction:
             _check_carve(rows, source, key, world_size)
@@ -175,6 +182,30 @@ def _check_fates(source: DataSource, key: str, placed: list[tuple[dict, str]], f
         said = "; ".join((fates["dropped"] + fates["truncated"])[:2])
         warn(f"[qwen3-neuron] data: of {first} at training.seq_len {seq_len}, {truncated} would be truncated "
              f"and {dropped} dropped (e.g. {said})")  # fmt: skip
+
+
+def _check_prompts(source: DataSource, tokenizer, seq_len: int, completion_tokens: int) -> None:
+    """data=prompts: the prompt column there, and each first prompt leaving room for a completion."""
+    where = source.hf_dataset or "data.files"
+    placed = first_rows(source, PEEK_ROWS, "data.files")
+    if not placed:
+        raise ConfigError(f"{where}: no rows in {source.name()}")
+    field = prompt_field(source)
+    present = {name for row, _ in placed for name in row}
+    if field not in present:
+        raise ConfigError(f"data.prompt_field={field} is not a column of {source.name()}; its columns: "
+                          f"{', '.join(sorted(present))}")  # fmt: skip
+    for row, place in placed:
+        try:
+            length = len(prompt_tokens(tokenizer, row, source))
+        except ChatFormatError as e:
+            raise ConfigError(f"{place}: {e}") from e
+        if length + completion_tokens > seq_len:
+            raise ConfigError(
+                f"{place}: the prompt is {length} tokens, and grpo.max_completion_length="
+                f"{completion_tokens} more must fit in training.seq_len={seq_len}: raise training.seq_len to at "
+                f"least {length + completion_tokens} or lower grpo.max_completion_length."
+            )
 
 
 def _check_pair(renderer: ChatRenderer, pair, seq_len: int, key: str) -> None:

@@ -33,6 +33,7 @@ from qwen3_neuron.data import row_loading
 from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.packing import SEQUENCE_IDS, Packer, Sample, document, fit, fit_pair, sequence_ids
 from qwen3_neuron.data.preference import pair_tokens, row_pair
+from qwen3_neuron.data.prompts import PROMPT, ROW, prompt_tokens, row_columns
 from qwen3_neuron.data.row_loading import RowError, read_row
 from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.errors import DataError
@@ -67,6 +68,7 @@ class PackedDataset(IterableDataset, Stateful):
         self._tokenizer = tokenizer
         self._chat = ChatRenderer(tokenizer, source.train_on_prompt) if source.format != "text" else None
         self._pairs = source.format == "preference"  # a pair's two documents go into one sample
+        self._prompts = source.format == "prompts"  # one prompt a sample, generated from by the GRPO step
         pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         flow = source.format == "text" and source.overlong == "split"
         self._packer = Packer(seq_len, pad_id, "flow" if flow else source.packing, source.pack_buffer)
@@ -115,6 +117,27 @@ class PackedDataset(IterableDataset, Stateful):
             return None
         self.stats["documents"] += 2
         return documents
+
+    def _prompt(self, example: dict[str, Any]) -> list:
+        """data=prompts: one sample, the prompt's tokens padded to seq_len (its length beside them)
+        and the row's columns; a prompt longer than seq_len is dropped (the plan checks the room
+        left for the completion)."""
+        row, where = self._read(example)
+        if row is None:
+            return []
+        try:
+            tokens = prompt_tokens(self._tokenizer, row, self.source)
+        except ChatFormatError as e:
+            self._count("skipped", where, str(e))
+            return []
+        if len(tokens) >= self.seq_len:
+            self._count("dropped", where, f"the prompt is {len(tokens)} tokens, no room left for a completion in "
+                                          f"training.seq_len {self.seq_len}")  # fmt: skip
+            return []
+        self.stats["documents"] += 1
+        pad_id = self._packer.pad_id
+        padding = self.seq_len - len(tokens)
+        return [(tokens + [pad_id] * padding, [IGNORE_INDEX] * self.seq_len, (len(tokens), row_columns(row)), padding)]
 
     def _document(self, example: dict[str, Any]) -> tuple[list[int], list[int]] | None:
         row, where = self._read(example)
@@ -175,7 +198,9 @@ class PackedDataset(IterableDataset, Stateful):
                 self._sample_idx += 1
                 self.stats["rows"] += 1
                 rows_this_epoch += 1
-                if self._pairs:
+                if self._prompts:
+                    self._ready += self._prompt(example)
+                elif self._pairs:
                     pair = self._pair(example)
                     self._ready += self._packer.add_together(pair) if pair else []
                 else:
@@ -204,9 +229,15 @@ class PackedDataset(IterableDataset, Stateful):
     def _hand_out(self):
         while self._ready:
             inputs, labels, positions, padding = self._ready.pop(0)
+            if self._prompts:  # (prompt length, the row's columns) where positions go
+                (length, columns), positions = positions, None
             self.stats["tokens"] += len(inputs)
             self.stats["label_tokens"] += sum(label != IGNORE_INDEX for label in labels)
             self.stats["padding_tokens"] += padding
+            if self._prompts:
+                input_dict = {"input": torch.tensor(inputs, dtype=torch.long), PROMPT: torch.tensor(length), ROW: columns}
+                yield input_dict, torch.tensor(labels, dtype=torch.long)
+                continue
             input_dict = {"input": torch.tensor(inputs, dtype=torch.long),
                           "positions": torch.tensor(positions, dtype=torch.long)}  # fmt: skip
             if self._pairs:
@@ -215,7 +246,8 @@ class PackedDataset(IterableDataset, Stateful):
 
     def data_stats(self) -> dict[str, int]:
         """`stats`, and the documents read but not yet (or not wholly) in a sample handed out."""
-        ready = sum(positions.count(0) - (padding > 0) for _, _, positions, padding in self._ready)
+        ready = len(self._ready) if self._prompts else sum(
+            positions.count(0) - (padding > 0) for _, _, positions, padding in self._ready)
         examples = {stat: list(rows) for stat, rows in self.examples.items() if rows}
         return {**self.stats, "buffered_documents": self._packer.waiting_documents() + ready, "examples": examples}
 
@@ -254,6 +286,8 @@ class PackedDataset(IterableDataset, Stateful):
         self._epoch = state["epoch"]
         self._packer.load_state_dict(state["packer"])
         self._ready = [tuple(sample) for sample in state["ready"]]
+        if self._prompts:
+            self._ready = [(i, l, tuple(p), pad) for i, l, p, pad in self._ready]
         self.stats.update(state["stats"])
         self.examples.update({stat: list(rows) for stat, rows in state.get("examples", {}).items()})
         if isinstance(self._data, datasets.Dataset):

@@ -106,7 +106,7 @@ class SourceFields:
 class DataSource(SourceFields):
     """One source of rows (data=text|chat: the `data` section; data=mix: one of `data.sources`)."""
 
-    format: Literal["text", "chat", "preference"] = "text"
+    format: Literal["text", "chat", "preference", "prompts"] = "text"
     """How a row becomes a document: a text column, a conversation, or a pair of them (a chosen
     and a rejected response to one prompt: two documents placed in one sample)."""
 

@@ -11,6 +11,8 @@ from typing import Any
 from qwen3_neuron.eval.eval_section import EvalSettings
 
 RESULTS_FILE = "results.json"
+# lm-eval's results.json sections keyed by task (or group)
+PER_TASK_SECTIONS = ("results", "groups", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better", "n-samples")
 
 
 def evaluate(
@@ -36,8 +38,20 @@ def evaluate(
         task_manager=manager,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
+    merged = merge_results(json.loads((out_dir / RESULTS_FILE).read_text()) if (out_dir / RESULTS_FILE).exists() else {}, results)
+    (out_dir / RESULTS_FILE).write_text(json.dumps(merged, indent=2, default=handle_non_serializable) + "\n")
     return headline_metrics(results, settings.tasks)
+
+
+def merge_results(earlier: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """lm-eval's results of one model, evaluated more than once: each per-task section (results,
+    configs, versions, n-shot, ...) holds every task scored, a task scored again its newest
+    scores; the rest (model arguments, dates) is the newest evaluation's."""
+    merged = {**earlier, **new}
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(earlier.get(key), dict) and key in PER_TASK_SECTIONS:
+            merged[key] = {**earlier[key], **value}
+    return merged
 
 
 def headline_metrics(results: dict[str, Any], tasks: list[str]) -> dict[str, dict[str, float]]:

@@ -85,11 +85,30 @@ def evaluate_run(
         error = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
         print(f"[qwen3-neuron] evaluation failed: {error} (the run and its export are kept; log: "
               f"{out_dir / LOG_FILE})", file=sys.stderr, flush=True)  # fmt: skip
-        return {"eval": None, "eval_error": f"evaluation failed: {error}"[:1000]}
+        return {"eval": fields.get("eval"), "eval_error": f"evaluation failed: {error}"[:1000]}
     seconds = round(time.time() - start, 3)
     shown = "; ".join(f"{task} {m} {v:.4g}" for task, metrics in scores.items() for m, v in metrics.items())
     print(f"[qwen3-neuron] evaluation done in {seconds:.0f} s: {shown}", flush=True)
-    return {"eval": scores, "eval_seconds": seconds, "eval_error": None}
+    # the tasks scored before stay beside these (a task scored again: its new scores)
+    return {"eval": {**(fields.get("eval") or {}), **scores}, "eval_seconds": seconds, "eval_error": None}
+
+
+def set_aside_earlier_scores(run_dir: Path, earlier_summary: dict[str, Any] | None) -> Path | None:
+    """A completed run trained on (extended): the scores of its earlier model move to
+    `eval/step-N/` (N: the step that model ended at; its summary's scores in scores.json), so
+    that nothing in `eval/` or summary.json's `eval` looks like the new model's."""
+    out_dir = run_dir / EVAL_DIR
+    current = [p for p in out_dir.iterdir() if not p.name.startswith("step-")] if out_dir.is_dir() else []
+    scores = (earlier_summary or {}).get("eval")
+    if not current and not scores:
+        return None
+    aside = out_dir / f"step-{(earlier_summary or {}).get('steps')}"
+    aside.mkdir(parents=True, exist_ok=True)
+    for path in current:
+        path.rename(aside / path.name)
+    if scores:
+        write_json(aside / "scores.json", scores)
+    return aside
 
 
 def rescore(run_dir: Path, settings: EvalSettings, summary: dict[str, Any], device: str, verbose: bool = False) -> int:

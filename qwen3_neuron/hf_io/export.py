@@ -66,7 +66,7 @@ def export_after_training(trainer_config, run_dir: Path, export_dir: str | None 
 def trains_chat(trainer_config) -> bool:
     """Whether the run trained on conversations (data=chat or preference, or a chat source of data=mix)."""
     sources = getattr(trainer_config.dataloader, "sources", ())
-    return any(getattr(source, "format", None) in ("chat", "preference") for source in sources)
+    return any(getattr(source, "format", None) in ("chat", "preference", "prompts") for source in sources)
 
 
 def exports_hf(trainer_config) -> bool:

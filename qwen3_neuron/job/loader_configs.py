@@ -102,6 +102,6 @@ def _refuse_unused(data: DataSettings) -> None:
     for f in dataclasses.fields(DataSettings):
         if f.name != "kind" and getattr(data, f.name) != getattr(default, f.name):
             raise ConfigError(
-                f"data.{f.name} applies to data=text|chat|mix|preference; data={data.kind} reads torchtitan's "
+                f"data.{f.name} applies to data=text|chat|mix|preference|prompts; data={data.kind} reads torchtitan's "
                 f"registered data set (the dataloader section). E.g. data=text data.{f.name}=..."
             )

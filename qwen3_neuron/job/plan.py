@@ -107,6 +107,8 @@ def make_plan(
     _check_worker_modes(config, world_size)
     if settings.data.kind == "preference":
         _check_preference(config, settings, world_size)
+    if settings.data.kind == "prompts":
+        _check_grpo(config, settings, world_size)
     replacements, unapplied = _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes)
     static_shapes = None
     if device == "neuron" and config.compile.enable:  # before torchrun: nothing recompiles or fails there
@@ -118,7 +120,8 @@ def make_plan(
     check_initial_hf_load(config, model.kind)  # from_hf: safetensors present, arch matches
     _check_export(config, settings)
     _check_local_paths(config)
-    check_data(config, world_size, warn)  # first rows only: fields, conversations, chat template, validation set
+    completion_tokens = settings.grpo.max_completion_length if settings.data.kind == "prompts" else 0
+    check_data(config, world_size, completion_tokens, warn)  # first rows only: fields, conversations, chat template, validation set
     model_on_meta = meta_model(config)  # built once for the LoRA note, the counts and the estimate
     if settings.finetune.method == "lora":
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
@@ -236,6 +239,46 @@ def _check_preference(config: Trainer.Config, settings: Settings, world_size: in
                 f"data=preference with {name} parallelism (degree {degree}) is not supported: a pair's "
                 "log-probabilities are summed over whole sequences on one rank. Use parallelism=fsdp."
             )
+
+
+def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int) -> None:
+    """data=prompts: GRPO samples from a model that already writes, in whole groups per rank."""
+    from qwen3_neuron.finetune.reward_calls import load_rewards
+
+    grpo = settings.grpo
+    load_rewards(grpo.rewards, grpo.reward_weights)  # importable, callable, one weight each
+    checkpoint = config.checkpoint
+    if not (checkpoint.enable and (checkpoint.initial_load_in_hf or checkpoint.initial_load_path)):
+        raise ConfigError(
+            "data=prompts samples completions from the model and rewards the better ones, but nothing loads "
+            "weights: a random init writes nothing a reward can tell apart. Add checkpointing=from_hf (e.g. "
+            "checkpointing=[from_hf,export_hf]) or checkpoint.initial_load_path=<dir>."
+        )
+    if grpo.beta and settings.finetune.method != "lora":
+        raise ConfigError("grpo.beta > 0 with finetune=full is not built: the reference is the model with its "
+                          "LoRA adapters off. Use finetune=lora, or grpo.beta=0 (TRL's default).")  # fmt: skip
+    degrees = layout.resolve_degrees(config.parallelism, world_size)
+    for name, degree in {"pipeline": degrees.pp, "tensor": degrees.tp, "context": degrees.cp}.items():
+        if degree > 1:
+            raise ConfigError(f"data=prompts with {name} parallelism (degree {degree}) is not built: generation "
+                              "runs the whole model on each rank's prompts. Use parallelism=fsdp.")  # fmt: skip
+    completions = config.training.local_batch_size * _accumulation_steps(config, world_size)
+    if completions % grpo.num_generations:
+        raise ConfigError(
+            f"data=prompts: a rank's batch of {completions} completions a step (training.local_batch_size x "
+            f"gradient accumulation) does not divide into whole groups of grpo.num_generations="
+            f"{grpo.num_generations}: make it a multiple (e.g. training.local_batch_size={grpo.num_generations})."
+        )
+
+
+def _accumulation_steps(config: Trainer.Config, world_size: int) -> int:
+    """torchtitan's: global_batch_size / (local_batch_size x data-parallel degree), 1 when unset."""
+    training = config.training
+    if training.global_batch_size <= 0:
+        return 1
+    degrees = layout.resolve_degrees(config.parallelism, world_size)
+    dp = degrees.dp_replicate * degrees.dp_shard
+    return max(training.global_batch_size // (training.local_batch_size * dp), 1)
 
 
 def _check_worker_modes(config: Trainer.Config, world_size: int) -> None:

@@ -157,7 +157,7 @@ class HFSettings:
     the run dir); null: <run dir>/hf_export."""
 
 
-PACKED_KINDS = ("text", "chat", "mix", "preference")  # the data kinds read into qwen3_neuron.data's PackedDataLoader
+PACKED_KINDS = ("text", "chat", "mix", "preference", "prompts")  # the data kinds read into qwen3_neuron.data's PackedDataLoader
 
 
 @dataclass(kw_only=True)
@@ -165,10 +165,11 @@ class DataSettings(SourceFields):
     """The `data` section: the per-source keys (`SourceFields`, each also the default of data=mix's
     sources) and the ones of the whole section below."""
 
-    kind: Literal["tiny", "c4", "text", "chat", "mix", "preference"] = "tiny"
+    kind: Literal["tiny", "c4", "text", "chat", "mix", "preference", "prompts"] = "tiny"
     """tiny / c4: torchtitan's registered data sets, as the `dataloader` section names them.
     text / chat / mix / preference: rows from `files` or `hf_dataset` (mix: `sources`) through
-    qwen3_neuron.data's PackedDataLoader; preference trains with DPO (the `preference` section)."""
+    qwen3_neuron.data's PackedDataLoader; preference trains with DPO (the `preference` section),
+    prompts with GRPO (the `grpo` section)."""
 
     streaming: bool = False
     """Stream rows instead of reading them map-style (corpora larger than memory)."""
@@ -234,6 +235,48 @@ class PreferenceSettings:
 
 
 @dataclass(kw_only=True)
+class GRPOSettings:
+    """data=prompts: GRPO with verifiable rewards (Shao et al. 2024), with TRL 1.16's names and formulas."""
+
+    rewards: list[str] = field(default_factory=list)
+    """module.function reward functions, called as TRL calls them (qwen3_neuron.finetune.rewards has general ones)."""
+
+    reward_weights: list[float] | None = None
+    """One weight per reward (the total is their weighted sum); null: 1 each."""
+
+    num_generations: int = 8
+    """Completions sampled per prompt: one group, whose rewards are compared with each other."""
+
+    max_completion_length: int = 256
+    """Tokens a completion may take; a prompt must leave that many in training.seq_len."""
+
+    temperature: float = 1.0
+    """Sampling temperature of the generation."""
+
+    top_p: float = 1.0
+    """Nucleus sampling: the smallest set of tokens holding this probability."""
+
+    loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
+    """How token losses become the loss: dapo a mean over the batch's completion tokens (TRL's
+    default), grpo a mean per completion then over completions, dr_grpo a sum over a constant."""
+
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantages are rewards minus their group's mean, divided by the group's std, the batch's, or nothing."""
+
+    epsilon: float = 0.2
+    """The clip range of the probability ratio: [1 - epsilon, 1 + epsilon_high]."""
+
+    epsilon_high: float | None = None
+    """The upper clip bound's epsilon (DAPO's clip-higher, e.g. 0.28); null: epsilon."""
+
+    beta: float = 0.0
+    """Weight of the KL to the starting weights (k3 estimator); 0: none, and no reference is kept."""
+
+    num_iterations: int = 1
+    """Training steps per generation batch (the sampling policy's log-probabilities kept for the ratio)."""
+
+
+@dataclass(kw_only=True)
 class Settings:
     model: ModelSettings
     kernels: KernelSettings
@@ -244,6 +287,7 @@ class Settings:
     finetune: FinetuneSettings
     eval: EvalSettings
     preference: PreferenceSettings
+    grpo: GRPOSettings
 
 
 # torchtitan's fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
@@ -263,6 +307,7 @@ SECTIONS: dict[str, type] = {
     "finetune": FinetuneSettings,
     "eval": EvalSettings,
     "preference": PreferenceSettings,
+    "grpo": GRPOSettings,
 }
 
 
@@ -297,6 +342,7 @@ def check_settings(settings: Settings, device: str) -> None:
         _check_lora_numbers(settings.finetune)
     _check_data_files(settings.data)
     _check_preference(settings)
+    _check_grpo(settings)
     check_objective(settings.run.objective, settings.eval)
 
 
@@ -359,3 +405,30 @@ def _check_preference(settings: Settings) -> None:
         raise ConfigError("preference.precompute_reference=true is not built yet: the reference is the model "
                           "with its adapters off (finetune=lora) or a frozen copy of the starting weights "
                           "(finetune=full).")  # fmt: skip
+
+
+def _check_grpo(settings: Settings) -> None:
+    """The GRPO numbers, and the grpo section only where it is used."""
+    grpo = settings.grpo
+    if settings.data.kind != "prompts":
+        default = GRPOSettings()
+        changed = [name for name in vars(default) if getattr(grpo, name) != getattr(default, name)]
+        if changed:
+            raise ConfigError(f"grpo.{changed[0]} applies to data=prompts (this is data={settings.data.kind}).")
+        return
+    if grpo.num_generations < 2:
+        raise ConfigError(f"grpo.num_generations={grpo.num_generations}: a group needs at least 2 completions "
+                          "(their rewards are compared with each other; TRL's default 8).")  # fmt: skip
+    if grpo.max_completion_length < 1:
+        raise ConfigError(f"grpo.max_completion_length must be >= 1, got {grpo.max_completion_length}.")
+    if not grpo.temperature > 0:
+        raise ConfigError(f"grpo.temperature must be > 0, got {grpo.temperature}.")
+    if not 0 < grpo.top_p <= 1:
+        raise ConfigError(f"grpo.top_p must be in (0, 1], got {grpo.top_p}.")
+    if not 0 <= grpo.epsilon < 1 or (grpo.epsilon_high is not None and not grpo.epsilon_high >= 0):
+        raise ConfigError(f"grpo.epsilon={grpo.epsilon} / grpo.epsilon_high={grpo.epsilon_high}: the clip range "
+                          "[1 - epsilon, 1 + epsilon_high] needs 0 <= epsilon < 1 and epsilon_high >= 0.")  # fmt: skip
+    if not grpo.beta >= 0:
+        raise ConfigError(f"grpo.beta must be >= 0 (0: no KL term), got {grpo.beta}.")
+    if grpo.num_iterations < 1:
+        raise ConfigError(f"grpo.num_iterations must be >= 1, got {grpo.num_iterations}.")

@@ -54,6 +54,7 @@ def build_trainer_config(job: Job, run_dir: Path) -> Trainer.Config:
         configure_hf_trainer(config, model_dir)  # hf_model + hf_assets_path -> the model dir
     _chunk_the_loss(config)
     _set_loss_vocab(config)
+    _only_periodic_saves_periodically(config, composed.get("checkpoint") or {})
     if settings.finetune.method == "lora":
         config.checkpoint = lora_checkpoint_config(config.checkpoint)  # adapter-only checkpoints
     backend = devices.compile_backend(device)
@@ -74,6 +75,15 @@ def build_trainer_config(job: Job, run_dir: Path) -> Trainer.Config:
         *kernel_overrides(settings),
     ]
     return config
+
+
+def _only_periodic_saves_periodically(config: Trainer.Config, composed_checkpoint: Mapping) -> None:
+    """A run that names no `checkpoint.interval` (checkpointing=export_hf or from_hf without
+    periodic) saves no `step-N` on the way: torchtitan would save one every interval steps of the
+    base config function. Its interval is then past its last step, where its own save (the HF
+    export's) stays."""
+    if config.checkpoint.enable and "interval" not in composed_checkpoint:
+        config.checkpoint.interval = config.training.steps + 1
 
 
 def kernel_overrides(settings: Settings) -> list:

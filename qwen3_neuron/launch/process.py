@@ -1,7 +1,8 @@
 """Stage 3, start: run the torchrun command as a subprocess.
 
 torchrun gets its own process group so that Ctrl-C / SIGTERM reach it through the launcher once.
-The launcher forwards either as SIGTERM, which torchrun passes on to its workers: a worker
+torchrun and its workers end with the launcher however it ends, kill -9 included
+(`parent_death`). The launcher forwards either as SIGTERM, which torchrun passes on to its workers: a worker
 blocked in a collective never sees a KeyboardInterrupt, but SIGTERM ends it at once. torchrun
 starts each worker in a session of its own, so if torchrun has not stopped them within its own
 30 s close timeout plus a margin, the launcher kills torchrun's children as well as torchrun. Worker output always goes to `train.log`; on screen either
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3_neuron.launch.progress import Progress
+from qwen3_neuron.parent_death import child_dies_with_this_process
 from qwen3_neuron.run_dir import LOG_FILE
 
 GRACE_SECONDS = 45  # torchrun's own close timeout is 30 s: let it finish first
@@ -48,6 +50,7 @@ class Torchrun:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=child_dies_with_this_process(),  # kill -9 of the launcher ends torchrun too
         )
         self.tail: deque[bytes] = deque(maxlen=FAILURE_TAIL_LINES)
         self.log_errors: list[str] = []

@@ -36,20 +36,42 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
     recorded = read_job(run_dir)
     folder = checkpoint_folder(run_dir, recorded)
     if not complete_steps(folder):
+        exported = recorded.get("checkpoint", {}).get("last_save_in_hf")
+        why = (" It only exported its model (checkpointing=export_hf without periodic): the export holds "
+               "the weights, not the optimizer, learning-rate schedule or data position a resume continues "
+               "with. To train on from those weights: a new run with checkpointing=[from_hf,...] "
+               f"checkpoint.initial_load_path=<its hf_export dir>." if exported else "")  # fmt: skip
         raise ConfigError(
-            f"run.resume={run_dir}: no complete checkpoint in {folder}. "
-            "Checkpoints are written with checkpointing=periodic (every checkpoint.interval steps)."
+            f"run.resume={run_dir}: no complete checkpoint in {folder}: nothing to continue from. "
+            f"Checkpoints are written with checkpointing=periodic (every checkpoint.interval steps).{why}"
         )
     _refuse_changes(run_dir, recorded, composed, typed_overrides)
     resumed = copy.deepcopy(recorded)
     resumed["run"] = dict(composed["run"])
     resumed["training"]["steps"] = composed["training"]["steps"] if _typed("training.steps", typed_overrides) else recorded["training"]["steps"]
+    if resumed["training"]["steps"] != recorded["training"]["steps"]:  # the schedule the run was planned with
+        resumed.setdefault("lr_scheduler", {})["total_steps"] = planned_schedule_end(run_dir, recorded)
     # which checkpoint: this launch's choice alone (the next resume takes the newest intact one again)
     load_step = composed["checkpoint"]["load_step"] if _typed("checkpoint.load_step", typed_overrides) else -1
     resumed.setdefault("checkpoint", {})["load_step"] = load_step
     if any(key.split(".")[0] == "eval" for key in _typed_keys(typed_overrides)):
         resumed["eval"] = composed["eval"]  # what to evaluate once training ends
     return resumed
+
+
+def planned_schedule_end(run_dir: Path, recorded: Mapping) -> int:
+    """The step the recorded run's learning-rate schedule ends at: its lr_scheduler.total_steps
+    (recorded, or the base config function's), else its training.steps."""
+    trained = json.loads((run_dir / TRAINER_CONFIG_FILE).read_text()).get("lr_scheduler", {})
+    return trained.get("total_steps") or recorded["training"]["steps"]
+
+
+def schedule_rule(end: int, steps: int) -> str:
+    """The learning-rate rule of a resume that trains to `steps`, in one line."""
+    if steps <= end:
+        return f"learning rate: the schedule planned for {end} steps"
+    return (f"learning rate: steps 1-{end} keep the schedule planned for {end} steps; "
+            f"steps {end + 1}-{steps} train at its step-{end} rate")  # fmt: skip
 
 
 def checkpoint_folder(run_dir: Path, config: Mapping) -> Path:

@@ -41,7 +41,7 @@ from qwen3_neuron.launch.console import quiet_console
 from qwen3_neuron.launch.hydra_setup import register_resolvers
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
-from qwen3_neuron.launch.resume import resume_step, resumed_config
+from qwen3_neuron.launch.resume import planned_schedule_end, resume_step, resumed_config, schedule_rule
 from qwen3_neuron.launch.run_lock import RunDirLock
 from qwen3_neuron.report.loss_check import check_first_loss
 from qwen3_neuron.report.outcome import JobOutcome
@@ -52,11 +52,14 @@ from qwen3_neuron.run_dir import (
     LOCK_FILE,
     LOG_FILE,
     METRICS_FILE,
+    PLAN_ONLY_FILE,
     RANKS_LOG_DIR,
     SUMMARY_FILE,
     TRAINER_CONFIG_FILE,
     Handoff,
     PlannedRun,
+    earlier_run,
+    read_job,
     read_json,
     summarize_replacements,
 )
@@ -90,9 +93,30 @@ def run_job(cfg: DictConfig) -> JobOutcome:
         print(f"Run dir in use: {e}", file=sys.stderr)
         return JobOutcome(CONFIG_ERROR_EXIT, hydra_job.single_run)  # its owner's dir: nothing written, nothing removed
     try:
+        refusal = _new_run_refusal(cfg, hydra_job.run_dir)
+        if refusal:  # the earlier run's dir: nothing written, nothing removed
+            print(f"Config error: {refusal}", file=sys.stderr)
+            return JobOutcome(CONFIG_ERROR_EXIT, hydra_job.single_run)
         return _run_job_in(cfg, hydra_job, hydra_config)
     finally:
         lock.release()
+
+
+def _new_run_refusal(cfg: DictConfig, run_dir: Path) -> str | None:
+    """Why a new run may not start in `run_dir`: it holds a run already, which only its resume
+    may continue (node 0 asks; the other nodes of a job join the dir node 0 starts)."""
+    if OmegaConf.select(cfg, "run.resume") is not None or _node_rank(cfg) > 0:
+        return None
+    evidence = earlier_run(run_dir)
+    if evidence is None:
+        return None
+    summary = read_json(run_dir / SUMMARY_FILE) or {}
+    ended = f"{summary['status']} after {summary.get('steps')} steps" if "status" in summary else "it has no summary: interrupted or still starting"
+    return (
+        f"run dir {run_dir} holds a run already ({evidence}; {ended}); a new run never writes into "
+        f"another's dir. To continue or extend that run: run.resume={run_dir} (training.steps=N "
+        "trains on to step N). For a new run: leave hydra.run.dir unset, or name a dir of its own."
+    )
 
 
 def _node_rank(cfg: DictConfig) -> int:
@@ -118,6 +142,8 @@ def _run_job_in(cfg: DictConfig, hydra_job: _HydraJob, hydra_config) -> JobOutco
                 print(f"[qwen3-neuron] run.resume: nothing left to train: its checkpoint step-{step} is at "
                       f"training.steps={steps} (training.steps=N trains on to step N)")  # fmt: skip
                 return JobOutcome(0, hydra_job.single_run)
+            end = composed.get("lr_scheduler", {}).get("total_steps") or planned_schedule_end(hydra_job.run_dir, read_job(hydra_job.run_dir))
+            print(f"[qwen3-neuron] run.resume: training on to step {steps}; {schedule_rule(end, steps)}")
         job = Job.parse(slurm.with_node_settings(composed))  # SLURM: this node's rank and rendezvous
         check_trainer_keys(job.composed, job.settings)  # torchtitan's sections: typos need no torchtitan
         if job.settings.run.dry_run or job.settings.run.show_data:  # nothing trains: planned here, nothing started
@@ -185,6 +211,11 @@ def _plan_only(job: Job, hydra_job: _HydraJob) -> JobOutcome:
     plan = make_plan(job, hydra_job.run_dir)  # settles the job
     _evaluation(plan.job, None)
     record_plan(plan, hydra_job.run_dir, [])  # its warnings: printed as it made them
+    what = "run.dry_run=true" if settings.run.dry_run else f"run.show_data={settings.run.show_data}"
+    (hydra_job.run_dir / PLAN_ONLY_FILE).write_text(
+        f"{what}: the plan recorded here (job.yaml, trainer_config.json, command.sh) never trained. "
+        "A launch pointed at this dir may use it.\n"
+    )
     if settings.run.dry_run:
         _print_plan(plan, hydra_job.run_dir, settings.run.verbose)
         if plan.refusal:  # the record stays: the plan is what the user asked to see
@@ -229,6 +260,7 @@ class _Workers:
     def go(self, progress: Progress | None) -> LaunchResult:
         """Let the workers build (the run dir holds what they read: peak_flops.json), wait for
         torchrun to exit; the plan files go with it."""
+        (self.run_dir / PLAN_ONLY_FILE).unlink(missing_ok=True)  # a dry run's record, now replaced by this run's
         self.handoff.let_workers_build(self.run_dir)
         try:
             return self.torchrun.wait(progress)
@@ -284,6 +316,11 @@ class _HydraJob:
         run = settings.run
         if planned.checkpoint.get("checkpoint_loaded"):
             print(f"[qwen3-neuron] continuing from checkpoint {planned.checkpoint['checkpoint_loaded']} of {self.run_dir}")
+            from qwen3_neuron.eval.run import set_aside_earlier_scores  # no lm-eval import
+
+            aside = set_aside_earlier_scores(self.run_dir, read_json(self.run_dir / SUMMARY_FILE))
+            if aside:
+                print(f"[qwen3-neuron] the earlier model's scores moved to {aside}")
         # before any worker builds: their metrics compute MFU against it
         write_run_dir_peak(self.run_dir, peak_for_run(job.device, planned.dtype, launch.env), planned.world_size)
         progress = None
@@ -314,11 +351,12 @@ class _HydraJob:
             **planned.checkpoint, **extra,
         )  # fmt: skip
         mode = settings.hf.first_loss_check
+        resumed = bool(planned.checkpoint.get("checkpoint_loaded"))  # step 1 was judged by the launch that trained it
         verdict = check_first_loss(
             summary["first_loss"], planned.vocab_size, planned.weights_loaded, mode,
-            warn=lambda m: print(m, file=sys.stderr),
+            warn=(lambda m: None) if resumed else (lambda m: print(m, file=sys.stderr)),
         )  # fmt: skip
-        if verdict.fails(mode):
+        if verdict.fails(mode) and not resumed:
             exit_code = exit_code or 1
             summary.update(status="failed", exit_code=exit_code, error=summary["error"] or verdict.message)
         summary.update(verdict.summary_fields(mode))  # first_loss, random_init_loss_reference, first_loss_check
@@ -380,6 +418,8 @@ def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
     say(f"command: {plan.command_line()}")
     shown = "" if verbose else "; run.verbose=true prints it too"
     say(f"dry run: nothing started; the full config: {run_dir / TRAINER_CONFIG_FILE}{shown}")
+    for note in plan.memory.notes:  # what the estimate assumed (the attention kernel, the optimizer)
+        say(f"memory: {note}")
     say(plan.memory.line())
 
 

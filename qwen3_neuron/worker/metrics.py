@@ -45,6 +45,7 @@ _VALIDATION_LOSS = "validation_metrics/loss"
 
 _PREFERENCE = "preference/"  # data=preference: the DPO metrics (finetune.dpo_step), val_ prefixed when held out
 _VALIDATION_PREFERENCE = "validation_metrics/preference/"
+_GRPO = "grpo/"  # data=prompts: the GRPO metrics (finetune.grpo_step)
 
 
 def validation_record(metrics: dict[str, Any], step: int) -> dict[str, Any]:
@@ -60,9 +61,14 @@ def validation_record(metrics: dict[str, Any], step: int) -> dict[str, Any]:
     return {"step": step, "val_loss": loss, "val_perplexity": perplexity}
 
 
+def _step_fields(metrics: dict[str, Any]) -> dict[str, float]:
+    """The objective's own metrics of a step (DPO's, GRPO's), under their names without prefix."""
+    return {key[len(prefix):]: float(value) for key, value in metrics.items() for prefix in (_PREFERENCE, _GRPO)
+            if key.startswith(prefix) and not key.endswith("/loss")}  # fmt: skip
+
+
 def _preference_line(metrics: dict[str, Any]) -> str:
-    return "  ".join(f"{key[len(_PREFERENCE):]} {value:.4f}" for key, value in metrics.items()
-                     if key.startswith(_PREFERENCE) and not key.endswith("/loss"))  # fmt: skip
+    return "  ".join(f"{key} {value:.4f}" for key, value in _step_fields(metrics).items())
 
 
 class JsonlLogger(BaseLogger):
@@ -82,8 +88,7 @@ class JsonlLogger(BaseLogger):
             return
         record: dict[str, Any] = {"step": step}
         record.update({name: float(metrics[key]) for key, name in _FIELDS.items() if key in metrics})
-        record.update({key[len(_PREFERENCE):]: float(value) for key, value in metrics.items()
-                       if key.startswith(_PREFERENCE) and not key.endswith("/loss")})  # fmt: skip
+        record.update(_step_fields(metrics))
         if "tps_per_device" in record:
             record["tokens_per_second"] = record["tps_per_device"] * self._world_size
         if self.flops_per_token:
@@ -147,7 +152,7 @@ class RunDirMetricsProcessor(MetricsProcessor):
             self._jsonl.flops_per_token = self.num_flops_per_token  # known once the model is built
         if self.step_metrics is not None:
             kwargs["extra_metrics"] = {**(kwargs.get("extra_metrics") or {}), **self.step_metrics()}
-            logger.info("[qwen3-neuron dpo] step %d: %s", step, _preference_line(kwargs["extra_metrics"]))
+            logger.info("[qwen3-neuron objective] step %d: %s", step, _preference_line(kwargs["extra_metrics"]))
         stats = self.data_stats() if self.data_stats is not None else None
         if stats and stats["rows"]:
             not_trained = (stats["dropped"] + stats["skipped"]) / stats["rows"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from qwen3_neuron.devices.fixes import install
 from qwen3_neuron.job.job import recorded_device
+from qwen3_neuron.parent_death import die_with_parent
 from qwen3_neuron.process_exit import exit_without_teardown
 from qwen3_neuron.run_dir import (
     EXPORT_FILE,
@@ -33,6 +34,7 @@ from qwen3_neuron.run_dir import (
 
 
 def main(run_dir: Path) -> None:
+    die_with_parent(os.getppid())  # torchrun's end (the launcher's end ends torchrun) ends this rank
     handoff = Handoff.from_env()
     request = handoff.read_request(run_dir) if handoff else None  # the launcher's settled job, before job.yaml
     install(recorded_device(request["job"] if request else read_job(run_dir)))  # before torchtitan copies it
@@ -50,11 +52,13 @@ def main(run_dir: Path) -> None:
 
         from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
         from qwen3_neuron.finetune.dpo_step import install as install_dpo
+        from qwen3_neuron.finetune.grpo_step import install as install_grpo
         from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
         from qwen3_neuron.finetune.step_seed import seed_each_step
         from qwen3_neuron.hf_io.export import exports_hf
         from qwen3_neuron.job.job import Job
         from qwen3_neuron.job.trainer_config import build_trainer_config
+        from qwen3_neuron.worker.lr_schedule import follow_one_schedule, schedule_end
         from qwen3_neuron.worker.step_memory import measure_one_step, write_step_memory
         from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
         from qwen3_neuron.worker.what_ran import record_what_ran
@@ -89,12 +93,17 @@ def main(run_dir: Path) -> None:
     try:
         trainer = config.build()
         trainer.metrics_processor.data_stats = getattr(trainer.dataloader, "data_stats", None)  # the progress line's
+        follow_one_schedule(trainer, schedule_end(config))  # before train() loads a checkpoint
+        if handoff and os.environ.get("LOCAL_RANK") == "0":
+            handoff.remove_files(run_dir)  # every rank of this node has built: none reads them again
         if lora and settings.finetune.dropout:
             seed_each_step(trainer)  # a resumed run draws the masks the uninterrupted one drew
         held = []  # tensors kept across steps besides the model's and the optimizer's
         if settings.data.kind == "preference":
             dpo = install_dpo(trainer, settings.preference, lora)  # before the meters wrap the step they measure
             held = dpo.frozen.copies if dpo.frozen is not None else []
+        if settings.data.kind == "prompts":
+            install_grpo(trainer, settings.grpo, config.debug.seed or 0)
         if config.checkpoint.create_seed_checkpoint:  # the plan checked world size 1, checkpoint.enable
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")

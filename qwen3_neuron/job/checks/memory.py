@@ -132,6 +132,7 @@ def estimate_memory(
     parameters = counts.elements * param_bytes
     gradients = counts.trainable_elements * param_bytes  # a frozen (finetune=lora) base has none
     optimizer, notes = _optimizer_bytes(config, counts)
+    notes.append(attention_note(config, device))
     activations, recompute = _activation_bytes(config, shape, degrees, device)
     tied = not any(LM_HEAD.search(name) for name in counts.names)  # the lm_head is the embedding's weight
     head_trainable = _trainable(counts, EMBEDDING if tied else LM_HEAD)
@@ -355,6 +356,8 @@ def _activation_bytes(config, shape: _Shape, degrees, device: str) -> tuple[int,
     sp = degrees.tp if config.parallelism.enable_sequence_parallel else 1
     dense_mask = _dense_mask(config, shape, device)
     layer = _layer_bytes(shape, tokens, batch, seq * degrees.cp, compute, degrees.tp, sp, dense_mask)
+    if math_attention(config, shape, device):
+        layer += batch * (shape.n_heads // degrees.tp) * (seq * degrees.cp) ** 2 * compute
     layers = math.ceil(shape.n_layers / degrees.pp)
     ac = _ac_mode(config.activation_checkpoint)
     if ac == "full":
@@ -425,7 +428,7 @@ def _logits_bytes(config, s: _Shape, degrees, fsdp: bool, head_trainable: bool) 
     ChunkedLossWrapper): [chunk, vocab] float32 logits and their gradient, and [vocab, dim]
     weight-sized buffers of the lm_head: under FSDP its all-gathered weight (kept across the
     chunks) and, when it trains, its unsharded gradient, the chunk's new gradient and the
-    reduce-scatter's buffer; without FSDP, the chunk's new gradient before it is added."""
+    reduce-scatter's buffers; without FSDP, the chunk's new gradient before it is added."""
     from torchtitan.components.loss import ChunkedLossWrapper
 
     tokens = config.training.local_batch_size * config.training.seq_len // degrees.cp
@@ -435,11 +438,13 @@ def _logits_bytes(config, s: _Shape, degrees, fsdp: bool, head_trainable: bool) 
     head = vocab * s.dim
     compute, param = DTYPE_BYTES[config.training.mixed_precision_param], DTYPE_BYTES[config.training.dtype]
     if fsdp:
-        # the gathered weight and a chunk's gradient (compute dtype), the unsharded gradient kept
-        # across the chunks and the reduce-scatter's shard of it (FSDP's reduce dtype)
+        # the gathered weight and a chunk's gradient (compute dtype); the unsharded gradient kept
+        # across the chunks, the reduce-scatter's input copy of it (none on one rank) and its
+        # output shard (FSDP's reduce dtype): measured with MemTracker at 1 and 2 ranks
         reduce = DTYPE_BYTES[config.training.mixed_precision_reduce]
         shards = degrees.dp_shard * degrees.cp
-        gradients = head * compute + head * reduce + math.ceil(head / shards) * reduce
+        unsharded = (2 if shards > 1 else 1) * head * reduce
+        gradients = head * compute + unsharded + math.ceil(head / shards) * reduce
         weights = head * compute + (gradients if head_trainable else 0)
         copies = 1 if head_trainable else LOGIT_COPIES - 1
     else:
@@ -451,6 +456,19 @@ def _logits_bytes(config, s: _Shape, degrees, fsdp: bool, head_trainable: bool) 
 def _fsdp_wrapped(s: _Shape, degrees) -> bool:
     """torchtitan wraps the model in FSDP2 when it shards, and the Transformers backend always."""
     return s.backend == "hf" or degrees.dp_shard * degrees.cp > 1
+
+
+def math_attention(config, shape: _Shape, device: str) -> bool:
+    """On CPU, SDPA with a dense mask runs torch's math kernel, which keeps every layer's
+    [batch, heads, seq, seq] attention probabilities for backward; CUDA's flash and
+    memory-efficient kernels (and FlexAttention) keep only a log-sum-exp per query."""
+    return device == "cpu" and _dense_mask(config, shape, device)
+
+
+def attention_note(config, device: str) -> str:
+    if math_attention(config, _shape(config), device):
+        return "attention: SDPA's math kernel (CPU), [batch, heads, seq, seq] probabilities kept per layer"
+    return "attention: a fused kernel (flash, memory-efficient or FlexAttention), no [seq, seq] scores kept"
 
 
 def _dense_mask(config, shape: _Shape, device: str) -> bool:

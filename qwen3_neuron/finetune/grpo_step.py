@@ -1,0 +1,274 @@
+"""data=prompts: torchtitan's trainer takes GRPO steps (the objective: `finetune.grpo`).
+
+The seam is DPO's (`finetune.dpo_step`): the built trainer's `train_step` and
+`forward_backward_step` are replaced; the optimizer, clipping, LR schedule, checkpoints and
+metrics stay torchtitan's. A step:
+
+1. generation (every `grpo.num_iterations` steps): each rank takes its prompts (a rank's batch of
+   local_batch_size x accumulation completions, `num_generations` per prompt) and samples the
+   completions from the current policy (LoRA adapters on), a batch of `local_batch_size` at a
+   time, in one static shape [local_batch_size, seq_len]: prompt, completion and padding. No KV
+   cache: each new token is one forward of the whole padded buffer (the causal mask keeps the
+   padding after a row's position out of it), so every rank runs the same forwards whatever its
+   completions (FSDP gathers in step) and a compiled graph sees one shape. Sampling is TRL's
+   (temperature, then top-p, Transformers' own logits warpers), seeded by the step and the rank;
+   a completion ends at the tokenizer's end-of-turn (<|im_end|>, kept in it) or at
+   `max_completion_length` (then counted as clipped);
+2. rewards on each rank (`finetune.reward_calls`), gathered over the data-parallel ranks: advantages
+   over the global batch, as TRL's; each rank keeps its own completions' advantages;
+3. torchtitan's `train_step` over the microbatches of completions: per-token log-probabilities
+   through the chunked lm_head (`finetune.logprobs`), the clipped surrogate, the loss normalised
+   by the global batch's completions or tokens (FSDP sums the ranks' gradients).
+With `num_iterations` > 1 the sampling policy's log-probabilities are kept for the ratio; with
+`beta` > 0 the reference is the model with its LoRA adapters off (finetune=lora only).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import spmd_types as spmd
+import torch
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.distributed import utils as dist_utils
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+from qwen3_neuron.data.prompts import PROMPT, ROW, prompt_field
+from qwen3_neuron.finetune.dpo_step import adapters_off
+from qwen3_neuron.finetune.grpo import (
+    TOKEN_METRICS,
+    advantages,
+    batch_loss,
+    nanstd,
+    token_metric_means,
+    token_metric_sums,
+    token_terms,
+    total_rewards,
+)
+from qwen3_neuron.finetune.logprobs import hidden_states_out, model_token_logps
+from qwen3_neuron.finetune.reward_calls import load_rewards
+
+METRIC_PREFIX = "grpo/"  # the step's GRPO metrics in torchtitan's metrics dict
+END_OF_TURN = "<|im_end|>"
+ADVANTAGES, OLD_LOGPS, REFERENCE_LOGPS = "grpo_advantages", "grpo_old_logps", "grpo_reference_logps"
+
+
+@dataclass
+class Generation:
+    """One generation batch of this rank: its training microbatches, and what the metrics report."""
+
+    microbatches: list[tuple[dict, torch.Tensor]]
+    completions: float  # of the global batch
+    tokens: float  # completion tokens of the global batch
+    metrics: dict[str, float]
+
+
+class GRPOStep:
+    def __init__(self, trainer, grpo, seed: int):
+        self.trainer, self.grpo, self.seed = trainer, grpo, seed
+        self.rewards = load_rewards(grpo.rewards, grpo.reward_weights)
+        tokenizer = trainer.tokenizer
+        self.tokenizer = tokenizer
+        self.end_id = tokenizer.tokenizer.token_to_id(END_OF_TURN)
+        source = trainer.dataloader.packed_datasets[0].source
+        self.prompt_field = prompt_field(source)
+        self.warpers = [TemperatureLogitsWarper(grpo.temperature)] if grpo.temperature != 1.0 else []
+        if grpo.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(grpo.top_p))
+        self._train_step = trainer.train_step
+        self._generation: Generation | None = None
+        self._steps_on_generation = 0
+        self._waiting: list[tuple[torch.Tensor, int, dict]] = []  # prompts pulled, not yet generated from
+        self._sums = torch.zeros(len(TOKEN_METRICS))
+        self._started = 0.0
+
+    def install(self) -> None:
+        self.trainer.train_step = self.train_step
+        self.trainer.forward_backward_step = self.forward_backward_step
+        self.trainer.metrics_processor.step_metrics = self.step_metrics
+
+    # ---- the step --------------------------------------------------------------------------
+
+    def train_step(self, data_iterator: Iterator) -> None:
+        self._started = time.perf_counter()
+        processor = self.trainer.metrics_processor
+        tokens, loads = processor.ntokens_since_last_log, len(processor.data_loading_times)
+        if self._generation is None or self._steps_on_generation == self.grpo.num_iterations:
+            self._generation = self._generate(data_iterator)
+            self._steps_on_generation = 0
+        # torchtitan's throughput counts the tokens trained (prompt, completion and padding), not the prompts read
+        trained = sum(labels.numel() for _, labels in self._generation.microbatches)
+        processor.ntokens_since_last_log = tokens + trained
+        if len(processor.data_loading_times) == loads:
+            processor.data_loading_times.append(0.0)  # a step on the kept generation batch reads no data
+        self._steps_on_generation += 1
+        self._sums = torch.zeros(len(TOKEN_METRICS), device=self.trainer.device)
+        self._train_start = time.perf_counter()
+        self._train_step(iter(self._generation.microbatches))
+
+    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens) -> torch.Tensor:
+        trainer, generation = self.trainer, self._generation
+        advantages_, old = input_dict.pop(ADVANTAGES), input_dict.pop(OLD_LOGPS)
+        reference = input_dict.pop(REFERENCE_LOGPS)
+        inputs, labels, extra_kwargs = trainer.post_dataloading_process(input_dict, labels)
+        model = trainer.model_parts[0]
+        with trainer.train_context():
+            logps = model_token_logps(model, inputs, labels, extra_kwargs)
+            terms = token_terms(logps, old, advantages_, labels != IGNORE_INDEX, epsilon=self.grpo.epsilon,
+                                epsilon_high=self.grpo.epsilon_high, beta=self.grpo.beta, reference_logps=reference)  # fmt: skip
+            loss = batch_loss(terms, self.grpo.loss_type, completions=generation.completions, tokens=generation.tokens,
+                              max_completion_length=self.grpo.max_completion_length)  # fmt: skip
+            with spmd.no_typecheck():  # as torchtitan's own backward
+                loss.backward()
+        self._sums += token_metric_sums(terms)
+        return loss.detach()
+
+    def step_metrics(self) -> dict[str, float]:
+        """The step's GRPO metrics over the global batch (every rank calls this: one all-reduce)."""
+        metrics = {**self._generation.metrics, **token_metric_means(self._dp_sum(self._sums), self.grpo.beta)}
+        metrics["training_seconds"] = time.perf_counter() - self._train_start
+        return {f"{METRIC_PREFIX}{name}": value for name, value in metrics.items()}
+
+    # ---- generation ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _generate(self, data_iterator: Iterator) -> Generation:
+        trainer, grpo = self.trainer, self.grpo
+        started = time.perf_counter()
+        batch = trainer.config.training.local_batch_size
+        prompts = batch * trainer.gradient_accumulation_steps // grpo.num_generations
+        while len(self._waiting) < prompts:
+            input_dict, _ = next(data_iterator)
+            for ids, length, row in zip(input_dict["input"], input_dict[PROMPT].tolist(), input_dict[ROW]):
+                self._waiting.append((ids, length, json.loads(row)))
+        taken, self._waiting = self._waiting[:prompts], self._waiting[prompts:]
+        repeated = [p for p in taken for _ in range(grpo.num_generations)]
+        model = trainer.model_parts[0]
+        model.eval()
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + trainer.step * 1009 + self._dp_rank())
+        sequences, lengths = [], []
+        for start in range(0, len(repeated), batch):
+            chunk = repeated[start:start + batch]
+            ids = torch.stack([ids for ids, _, _ in chunk]).to(trainer.device)
+            prompt_lengths = torch.tensor([length for _, length, _ in chunk], device=trainer.device)
+            completion_lengths = self._sample(model, ids, prompt_lengths, generator)
+            sequences.append((ids, prompt_lengths, completion_lengths))
+            lengths.append(completion_lengths)
+        completion_lengths = torch.cat(lengths)
+        generation_seconds = time.perf_counter() - started
+
+        scoring = time.perf_counter()
+        rows = [row for _, _, row in repeated]
+        completion_ids = [ids[p:p + n].tolist() for (chunk_ids, chunk_p, chunk_n) in sequences
+                          for ids, p, n in zip(chunk_ids, chunk_p.tolist(), chunk_n.tolist())]  # fmt: skip
+        texts = [self.tokenizer.decode([t for t in ids if t != self.end_id]) for ids in completion_ids]
+        prompt_values = [row[self.prompt_field] for row in rows]
+        completions = [[{"role": "assistant", "content": text}] if not isinstance(p, str) else text
+                       for p, text in zip(prompt_values, texts)]  # fmt: skip
+        columns = {key: [row.get(key) for row in rows] for key in rows[0] if key != self.prompt_field}
+        local_scores = self.rewards.score(prompt_values, completions, completion_ids, columns).to(trainer.device)
+        scores = self._dp_gather(local_scores)
+        rewards = total_rewards(scores, torch.tensor(self.rewards.weights, device=scores.device))
+        all_advantages, zero_std = advantages(rewards, grpo.num_generations, grpo.scale_rewards)
+        rank, count = self._dp_rank(), local_scores.shape[0]
+        local_advantages = all_advantages[rank * count:(rank + 1) * count]
+        scoring_seconds = time.perf_counter() - scoring
+
+        all_lengths = self._dp_gather(completion_lengths.float().unsqueeze(1)).squeeze(1)
+        clipped = self._dp_gather(self._truncated(sequences).float().unsqueeze(1)).squeeze(1)
+        metrics = {"reward": float(torch.nanmean(rewards)), "reward_std": float(nanstd(rewards)),
+                   "frac_reward_zero_std": float(zero_std.float().mean())}  # fmt: skip
+        for index, name in enumerate(self.rewards.names):
+            metrics[f"rewards/{name}/mean"] = float(torch.nanmean(scores[:, index]))
+            metrics[f"rewards/{name}/std"] = float(nanstd(scores[:, index]))
+        metrics.update({"completions/mean_length": float(all_lengths.mean()), "completions/max_length": float(all_lengths.max()),
+                        "completions/clipped_ratio": float(clipped.mean()), "generation_seconds": generation_seconds,
+                        "scoring_seconds": scoring_seconds})  # fmt: skip
+        microbatches = self._microbatches(model, sequences, local_advantages)
+        model.train()
+        return Generation(microbatches, float(all_lengths.numel()), float(all_lengths.sum()), metrics)
+
+    def _sample(self, model, ids: torch.Tensor, prompt_lengths: torch.Tensor, generator) -> torch.Tensor:
+        """Write each row's completion after its prompt in `ids` (in place); its length, end-of-turn included."""
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        ended = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        lengths = torch.full_like(prompt_lengths, self.grpo.max_completion_length)
+        for t in range(self.grpo.max_completion_length):
+            with hidden_states_out(model) as lm_head:
+                hidden = model(ids)
+            last = hidden[rows, prompt_lengths + t - 1]
+            scores = lm_head(last).float()
+            for warper in self.warpers:
+                scores = warper(ids, scores)
+            probabilities = torch.softmax(scores, dim=-1).cpu()
+            tokens = torch.multinomial(probabilities, 1, generator=generator).squeeze(1).to(ids.device)
+            tokens = torch.where(ended, self.tokenizer.eos_id or 0, tokens)
+            ids[rows, prompt_lengths + t] = tokens
+            newly = (tokens == self.end_id) & ~ended
+            lengths = torch.where(newly, t + 1, lengths)
+            ended |= newly
+        return lengths
+
+    def _truncated(self, sequences) -> torch.Tensor:
+        """Per completion: whether it ran to max_completion_length without an end of turn."""
+        ends = []
+        for ids, p, n in sequences:
+            last = ids[torch.arange(ids.shape[0], device=ids.device), p + n - 1]
+            ends.append(last != self.end_id)
+        return torch.cat(ends)
+
+    def _microbatches(self, model, sequences, local_advantages) -> list[tuple[dict, torch.Tensor]]:
+        microbatches, offset = [], 0
+        for ids, p, n in sequences:
+            labels = completion_labels(ids, p, n)
+            input_dict = {"input": ids, ADVANTAGES: local_advantages[offset:offset + ids.shape[0]],
+                          OLD_LOGPS: None, REFERENCE_LOGPS: None}  # fmt: skip
+            offset += ids.shape[0]
+            if self.grpo.num_iterations > 1:
+                input_dict[OLD_LOGPS] = model_token_logps(model, ids, labels, {})
+            if self.grpo.beta:
+                with adapters_off(model):
+                    input_dict[REFERENCE_LOGPS] = model_token_logps(model, ids, labels, {})
+            microbatches.append((input_dict, labels))
+        return microbatches
+
+    # ---- data parallel ---------------------------------------------------------------------
+
+    def _dp_rank(self) -> int:
+        parallel_dims = self.trainer.parallel_dims
+        return parallel_dims.get_mesh("batch").get_local_rank() if parallel_dims.dp_enabled else 0
+
+    def _dp_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """[n, ...] on each rank -> [ranks x n, ...] in rank order."""
+        parallel_dims = self.trainer.parallel_dims
+        if not parallel_dims.dp_enabled:
+            return tensor
+        group = parallel_dims.get_mesh("batch").get_group()
+        parts = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
+        torch.distributed.all_gather(parts, tensor.contiguous(), group=group)
+        return torch.cat(parts)
+
+    def _dp_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        parallel_dims = self.trainer.parallel_dims
+        if not parallel_dims.dp_enabled:
+            return tensor
+        return dist_utils.dist_sum_tensor(tensor, parallel_dims.get_mesh("batch"))
+
+
+def completion_labels(ids: torch.Tensor, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor) -> torch.Tensor:
+    """[B, S] labels of prompt + completion rows: the next token where it is a completion token
+    (the label of position j is token j + 1), IGNORE_INDEX elsewhere."""
+    positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+    start, end = prompt_lengths.unsqueeze(1) - 1, (prompt_lengths + completion_lengths).unsqueeze(1) - 1
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[:, :-1] = ids[:, 1:]
+    return labels.masked_fill((positions < start) | (positions >= end), IGNORE_INDEX)
+
+
+def install(trainer, grpo, seed: int) -> GRPOStep:
+    step = GRPOStep(trainer, grpo, seed)
+    step.install()
+    return step

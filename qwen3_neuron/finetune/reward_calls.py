@@ -1,0 +1,122 @@
+"""GRPO's reward functions: `grpo.rewards=[module.function, ...]`, plain Python, called as TRL calls them.
+
+Each is called once per batch of completions as
+    fn(prompts=[...], completions=[...], completion_ids=[...], **columns) -> list[float | None]
+one entry per completion: `prompts` the row's prompt as the data set holds it (a message list or
+a string), `completions` the decoded completion (for a message-list prompt, a list holding one
+assistant message, as TRL hands it), `completion_ids` its token ids, and every other column of
+the row as a keyword of the same length (a column `answer` arrives as `answer=[...]`). A None
+means "does not apply to this completion": it is left out of the weighted sum (TRL's nan-sum),
+and a completion no function applies to gets no advantage. So a TRL reward function works here
+unchanged.
+
+A function that raises, returns the wrong number of rewards or a value that is not a number
+stops the run with a sentence naming it and the completion (and its prompt).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from qwen3_neuron.errors import ConfigError, Qwen3NeuronError
+
+
+class RewardError(Qwen3NeuronError, RuntimeError):
+    """A reward function failed on a batch; the message names it and the completion."""
+
+
+def load_reward(name: str, key: str = "grpo.rewards") -> Callable:
+    """`module.function` -> the function; a ConfigError says why it cannot be."""
+    module_name, _, attribute = name.rpartition(".")
+    if not module_name:
+        raise ConfigError(f"{key}: {name!r} is not module.function (e.g. qwen3_neuron.finetune.rewards.exact_answer).")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"{key}: {name!r}: module {module_name!r} cannot be imported ({e}); put it on "
+                          "PYTHONPATH or next to launch.py.") from e  # fmt: skip
+    function = getattr(module, attribute, None)
+    if function is None:
+        raise ConfigError(f"{key}: {name!r}: module {module_name!r} has no {attribute!r}.")
+    if not callable(function):
+        raise ConfigError(f"{key}: {name!r} is a {type(function).__name__}, not a function.")
+    return function
+
+
+@dataclass
+class Rewards:
+    names: list[str]
+    functions: list[Callable]
+    weights: list[float]
+
+    def score(
+        self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Sequence[list[int]],
+        columns: dict[str, Sequence[Any]],
+    ) -> torch.Tensor:  # fmt: skip
+        """[N, F] float32 rewards of N completions by each function, NaN where it returned None."""
+        scores = torch.empty(len(completions), len(self.functions), dtype=torch.float32)
+        for index, (name, function) in enumerate(zip(self.names, self.functions)):
+            scores[:, index] = torch.tensor(
+                _call(name, function, prompts, completions, completion_ids, columns), dtype=torch.float32
+            )
+        return scores
+
+
+def load_rewards(names: Sequence[str], weights: Sequence[float] | None) -> Rewards:
+    """The `grpo.rewards` functions and their weights (1 each when none are given)."""
+    if not names:
+        raise ConfigError("grpo.rewards is empty: name at least one module.function (e.g. "
+                          "grpo.rewards=[qwen3_neuron.finetune.rewards.exact_answer]).")  # fmt: skip
+    functions = [load_reward(name, f"grpo.rewards[{i}]") for i, name in enumerate(names)]
+    if weights is None:
+        weights = [1.0] * len(names)
+    elif len(weights) != len(names):
+        raise ConfigError(f"grpo.reward_weights has {len(weights)} weights for {len(names)} rewards "
+                          f"({', '.join(names)}): give one per reward, or none (1 each).")  # fmt: skip
+    return Rewards(list(names), functions, [float(w) for w in weights])
+
+
+def _call(name, function, prompts, completions, completion_ids, columns) -> list[float]:
+    count = len(completions)
+    try:
+        values = list(function(prompts=list(prompts), completions=list(completions),
+                               completion_ids=list(completion_ids), **columns))  # fmt: skip
+    except Exception as e:
+        row = _first_failing_row(function, prompts, completions, completion_ids, columns)
+        where = f" on completion {row} (prompt {_short(prompts[row])}, completion {_short(completions[row])})" if row is not None else ""
+        raise RewardError(f"reward {name} raised {type(e).__name__}: {e}{where}") from e
+    if len(values) != count:
+        raise RewardError(f"reward {name} returned {len(values)} rewards for {count} completions: it must return "
+                          "one per completion (None where it does not apply).")  # fmt: skip
+    rewards = []
+    for row, value in enumerate(values):
+        if value is None:
+            rewards.append(math.nan)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            rewards.append(float(value))
+        else:
+            raise RewardError(f"reward {name} returned {value!r} for completion {row} (prompt {_short(prompts[row])}, "
+                              f"completion {_short(completions[row])}): a reward is a finite number or None.")  # fmt: skip
+    return rewards
+
+
+def _first_failing_row(function, prompts, completions, completion_ids, columns) -> int | None:
+    """The first completion the function raises on when called on it alone."""
+    for row in range(len(completions)):
+        try:
+            function(prompts=[prompts[row]], completions=[completions[row]], completion_ids=[completion_ids[row]],
+                     **{key: [values[row]] for key, values in columns.items()})  # fmt: skip
+        except Exception:
+            return row
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."

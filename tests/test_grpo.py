@@ -1,0 +1,199 @@
+"""GRPO (data=prompts): the objective equals TRL 1.16's GRPOTrainer for the same completions,
+rewards and per-token log-probabilities."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import read_jsonl, trained
+import torch
+
+from qwen3_neuron.finetune.grpo import (
+    advantages,
+    batch_loss,
+    token_metric_means,
+    token_metric_sums,
+    token_terms,
+    total_rewards,
+)
+
+GENERATIONS = 4
+PROMPTS = ("What is 2 + 2?", "Name a colour.", "Say hi.")
+# per completion (3 groups of 4): two reward functions; None: the function does not apply. The
+# third group's totals are all equal (a zero standard deviation); one completion has no reward.
+REWARDS_A = [1.0, 0.0, 0.5, 1.0, 0.2, 0.9, None, 0.1, 1.0, 1.0, 1.0, None]
+REWARDS_B = [0.5, None, 0.0, 1.0, 0.0, 1.0, 0.3, None, 0.0, 0.0, 0.0, None]
+WEIGHTS = [1.0, 0.5]
+
+
+def _completions(count: int, length: int) -> list[list[int]]:
+    """Distinct completions of 1..length tokens (the reward functions look them up)."""
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randint(10, 500, (1 + (i * 5) % length,), generator=generator).tolist() for i in range(count)]
+
+
+def _trl_run(model_dir, tmp_path, *, loss_type, beta, scale_rewards, epsilon_high, logps, old_logps, reference_logps,
+             max_completion_length):
+    """TRL's own advantages (`_generate_and_score_completions`, the completions handed in by a
+    rollout function) and loss (`_compute_loss`, the per-token log-probabilities handed in)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    completions = _completions(len(REWARDS_A), max_completion_length)
+    lookup = {tuple(ids): i for i, ids in enumerate(completions)}
+
+    def reward_a(prompts, completions, completion_ids, **kwargs):
+        return [REWARDS_A[lookup[tuple(ids)]] for ids in completion_ids]
+
+    def reward_b(prompts, completions, completion_ids, **kwargs):
+        return [REWARDS_B[lookup[tuple(ids)]] for ids in completion_ids]
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def rollout(prompts, trainer):
+        ids = [tokenizer(p)["input_ids"] for p in prompts]
+        return {"prompt_ids": ids, "completion_ids": completions, "logprobs": [[0.0] * len(c) for c in completions]}
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), loss_type=loss_type, beta=beta, scale_rewards=scale_rewards, epsilon=0.2,
+        epsilon_high=epsilon_high, num_generations=GENERATIONS, per_device_train_batch_size=len(REWARDS_A),
+        max_completion_length=max_completion_length, reward_weights=WEIGHTS, report_to=[], use_cpu=True, bf16=False,
+    )  # fmt: skip
+    rows = Dataset.from_list([{"prompt": p} for p in PROMPTS])
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=[reward_a, reward_b], args=args, train_dataset=rows,
+                          processing_class=tokenizer, rollout_func=rollout)  # fmt: skip
+    trainer.model.train()
+    inputs = [{"prompt": p} for p in PROMPTS for _ in range(GENERATIONS)]
+    batch = trainer._generate_and_score_completions(inputs)
+    mask = batch["completion_mask"]
+    assert mask.shape == logps.shape, "the completions' padded width is the longest completion's"
+    if old_logps is not None:
+        batch["old_per_token_logps"] = old_logps
+    if beta:
+        batch["ref_per_token_logps"] = reference_logps
+    trainer.current_gradient_accumulation_steps = 1
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logps, torch.zeros_like(logps), None)
+    loss = trainer._compute_loss(trainer.model, batch)
+    metrics = {name: values[-1] for name, values in trainer._metrics["train"].items()}
+    return float(loss), batch["advantages"], mask, metrics
+
+
+@pytest.mark.parametrize("loss_type, beta, scale_rewards, epsilon_high, reused", [
+    ("dapo", 0.0, "group", None, False), ("grpo", 0.0, "group", None, True), ("dr_grpo", 0.0, "batch", 0.28, True),
+    ("dapo", 0.04, "none", 0.28, True), ("grpo", 0.1, "batch", None, True), ("dr_grpo", 0.04, "group", None, False),
+])  # fmt: skip
+def test_advantages_loss_clip_ratio_and_kl_are_trls(assets, tmp_path, loss_type, beta, scale_rewards, epsilon_high,
+                                                     reused):
+    torch.manual_seed(0)
+    length = 7
+    completions = _completions(len(REWARDS_A), length)
+    width = max(len(c) for c in completions)
+    mask = torch.tensor([[1.0] * len(c) + [0.0] * (width - len(c)) for c in completions])
+    logps = (-torch.rand(len(completions), width) * 3).requires_grad_()
+    # a sampling policy some steps back (num_iterations > 1): ratios on both sides of the clip range
+    old_logps = (logps.detach() + 0.4 * torch.randn_like(logps)) if reused else None
+    reference_logps = logps.detach() + 0.3 * torch.randn_like(logps)
+
+    trl_loss, trl_advantages, trl_mask, trl = _trl_run(
+        assets.tiny_qwen3_dir, tmp_path, loss_type=loss_type, beta=beta, scale_rewards=scale_rewards,
+        epsilon_high=epsilon_high, logps=logps, old_logps=old_logps, reference_logps=reference_logps,
+        max_completion_length=length,
+    )  # fmt: skip
+    assert torch.equal(trl_mask.float(), mask)
+
+    per_function = torch.tensor([[math.nan if v is None else v for v in pair] for pair in zip(REWARDS_A, REWARDS_B)])
+    rewards = total_rewards(per_function, torch.tensor(WEIGHTS))
+    ours, zero_std = advantages(rewards, GENERATIONS, scale_rewards)
+    torch.testing.assert_close(ours, trl_advantages, rtol=1e-5, atol=1e-6)
+    assert float(zero_std.float().mean()) == pytest.approx(trl["frac_reward_zero_std"])
+    assert float(torch.nanmean(rewards)) == pytest.approx(trl["reward"], rel=1e-6)
+
+    terms = token_terms(logps, old_logps, ours, mask, epsilon=0.2, epsilon_high=epsilon_high, beta=beta,
+                        reference_logps=reference_logps)  # fmt: skip
+    # one batch is the global batch here
+    loss = batch_loss(terms, loss_type, completions=float(len(completions)), tokens=float(mask.sum()),
+                      max_completion_length=length)  # fmt: skip
+    assert float(loss) == pytest.approx(trl_loss, rel=1e-5, abs=1e-7)
+    metrics = token_metric_means(token_metric_sums(terms), beta)
+    for name in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
+        assert metrics[name] == pytest.approx(trl[name], rel=1e-6, abs=1e-9), name
+    if beta:
+        assert metrics["kl"] == pytest.approx(trl["kl"], rel=1e-5)
+    else:
+        assert "kl" not in metrics and "kl" not in trl
+    if reused:  # the data tests rely on: some tokens clipped on each side
+        assert metrics["clip_ratio/low_mean"] > 0 and metrics["clip_ratio/high_mean"] > 0
+
+
+def _held_out_reward(model_dir, prompts_file) -> float:
+    """The digit_share reward of `model_dir`'s replies to held-out prompts: the chat template with
+    add_generation_prompt, Transformers' generate() sampling 4 replies each, the same seed for every model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from examples.my_rewards import digit_share
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rewards = []
+    for row in read_jsonl(prompts_file)[:12]:
+        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True)["input_ids"]  # fmt: skip
+        torch.manual_seed(0)
+        out = model.generate(ids, do_sample=True, max_new_tokens=12, num_return_sequences=4,
+                             pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+        replies = tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+        rewards += digit_share(replies)
+    return sum(rewards) / len(rewards)
+
+
+def test_grpo_raises_a_programs_reward_and_the_export_answers_better(tmp_path_factory, assets):
+    """experiment=cpu_qwen3_tiny_grpo: the digit-share reward of the sampled completions rises from
+    its first steps' mean to well above it, and the exported policy's replies to held-out prompts
+    score higher than the starting model's."""
+    run_dir = trained(tmp_path_factory.mktemp("grpo") / "run", "experiment=cpu_qwen3_tiny_grpo")
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "reward" in r]
+    assert [r["step"] for r in records] == list(range(1, 13))
+    first = sum(r["reward"] for r in records[:3]) / 3
+    last = sum(r["reward"] for r in records[-3:]) / 3
+    assert last > first + 0.2 and last > 5 * first, (first, last)
+    assert {"rewards/examples.my_rewards.digit_share/mean", "completions/mean_length", "completions/clipped_ratio",
+            "clip_ratio/region_mean", "generation_seconds", "training_seconds"} <= set(records[0])  # fmt: skip
+    assert "kl" not in records[0]  # beta 0: no reference, no KL
+    held_out = assets.preference_validation_file
+    start, tuned = _held_out_reward(assets.tiny_qwen3_dir, held_out), _held_out_reward(run_dir / "hf_export", held_out)
+    print(f"held-out digit_share: starting model {start:.4f}, exported policy {tuned:.4f}")
+    assert tuned > start + 0.1, (start, tuned)
+
+
+def test_a_prompt_row_becomes_a_padded_sample_with_its_columns(assets):
+    import json
+
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    from qwen3_neuron.data.dataset import PackedDataset
+    from qwen3_neuron.data.prompts import PROMPT, ROW, prompt_tokens
+    from qwen3_neuron.data.source import DataSource
+
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(assets.tiny_qwen3_dir))
+    source = DataSource(format="prompts", files=str(assets.preference_train_file), prompt_field="prompt")
+    messages = [{"role": "user", "content": "What is a deque?"}]
+    ids = prompt_tokens(tokenizer, {"prompt": messages}, source)
+    assert tokenizer.tokenizer.decode(ids, skip_special_tokens=False) == "<|im_start|>user\nWhat is a deque?<|im_end|>\n<|im_start|>assistant\n"
+    assert prompt_tokens(tokenizer, {"prompt": "Say hi"}, source) == tokenizer.encode("Say hi", add_bos=True, add_eos=False)
+
+    first_row = read_jsonl(assets.preference_train_file)[0]
+    input_dict, labels = next(iter(PackedDataset(source, tokenizer, seq_len=64)))
+    length = int(input_dict[PROMPT])
+    assert input_dict["input"].tolist()[:length] == prompt_tokens(tokenizer, first_row, source)
+    assert input_dict["input"].shape == labels.shape == (64,) and (labels == -100).all()
+    assert json.loads(input_dict[ROW]) == first_row  # every column reaches the rewards
+
+
+def test_only_completion_tokens_are_trained():
+    from qwen3_neuron.finetune.grpo_step import completion_labels
+
+    ids = torch.tensor([[1, 2, 3, 40, 41, 9, 0, 0], [1, 2, 40, 41, 42, 43, 44, 0]])
+    labels = completion_labels(ids, torch.tensor([3, 2]), torch.tensor([3, 5]))
+    assert labels.tolist() == [[-100, -100, 40, 41, 9, -100, -100, -100], [-100, 40, 41, 42, 43, 44, -100, -100]]

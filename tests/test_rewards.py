@@ -1,0 +1,79 @@
+"""GRPO's reward functions: loaded by name, called as TRL calls them, their failures named."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.finetune.reward_calls import RewardError, load_rewards
+from qwen3_neuron.finetune.rewards import exact_answer, final_answer, length_penalty, matches_format
+
+
+def _seen(prompts, completions, completion_ids, answer, **kwargs):
+    """Records how it was called; None for the second completion."""
+    _seen.calls.append({"prompts": prompts, "completions": completions, "completion_ids": completion_ids,
+                        "answer": answer, **kwargs})  # fmt: skip
+    return [1.5, None, 0.0][: len(completions)]
+
+
+_seen.calls = []
+
+
+def _raises_on_b(completions, **kwargs):
+    if any("b" in c for c in completions):
+        raise KeyError("b")
+    return [1.0] * len(completions)
+
+
+def _too_few(completions, **kwargs):
+    return [1.0]
+
+
+def _text(completions, **kwargs):
+    return ["high"] * len(completions)
+
+
+def test_rewards_are_called_as_trl_calls_them_none_is_nan():
+    rewards = load_rewards([f"{__name__}._seen", "qwen3_neuron.finetune.rewards.length_penalty"], [1.0, 2.0])
+    scores = rewards.score(["p", "p", "q"], ["a", "b", "c"], [[1], [2, 3], [4]],
+                           {"answer": ["x", "y", "z"], "level": [1, 2, 3]})  # fmt: skip
+    assert _seen.calls[-1] == {"prompts": ["p", "p", "q"], "completions": ["a", "b", "c"],
+                               "completion_ids": [[1], [2, 3], [4]], "answer": ["x", "y", "z"], "level": [1, 2, 3]}  # fmt: skip
+    assert scores[0].tolist() == [1.5, pytest.approx(-0.001)]
+    assert math.isnan(scores[1, 0]) and scores[1, 1] == pytest.approx(-0.002)
+    assert rewards.weights == [1.0, 2.0]
+
+
+def test_a_failing_reward_stops_naming_itself_and_the_completion():
+    with pytest.raises(RewardError, match=r"^reward test_rewards._raises_on_b raised KeyError: 'b' on "
+                                          r"completion 1 \(prompt 'q', completion 'b'\)$"):  # fmt: skip
+        load_rewards([f"{__name__}._raises_on_b"], None).score(["p", "q"], ["a", "b"], [[1], [2]], {})
+    with pytest.raises(RewardError, match=r"^reward test_rewards._too_few returned 1 rewards for 2 completions"):
+        load_rewards([f"{__name__}._too_few"], None).score(["p", "q"], ["a", "b"], [[1], [2]], {})
+    with pytest.raises(RewardError, match=r"^reward test_rewards._text returned 'high' for completion 0 "
+                                          r"\(prompt 'p', completion 'a'\): a reward is a finite number or None\.$"):  # fmt: skip
+        load_rewards([f"{__name__}._text"], None).score(["p"], ["a"], [[1]], {})
+
+
+@pytest.mark.parametrize("names, weights, message", [
+    (["nowhere_module.f"], None, r"^grpo.rewards\[0\]: 'nowhere_module.f': module 'nowhere_module' cannot be imported"),
+    (["qwen3_neuron.finetune.rewards.nothing"], None, r"^grpo.rewards\[0\]: 'qwen3_neuron.finetune.rewards.nothing': module "
+                                             r"'qwen3_neuron.finetune.rewards' has no 'nothing'\.$"),
+    (["qwen3_neuron.finetune.rewards.NUMBER"], None, r"^grpo.rewards\[0\]: 'qwen3_neuron.finetune.rewards.NUMBER' is a Pattern, not a function\.$"),
+    (["exact_answer"], None, r"^grpo.rewards\[0\]: 'exact_answer' is not module.function"),
+    (["qwen3_neuron.finetune.rewards.exact_answer"], [1.0, 2.0], r"^grpo.reward_weights has 2 weights for 1 rewards"),
+    ([], None, r"^grpo.rewards is empty"),
+])  # fmt: skip
+def test_a_reward_that_cannot_be_used_is_named_before_anything_runs(names, weights, message):
+    with pytest.raises(ConfigError, match=message):
+        load_rewards(names, weights)
+
+
+def test_the_shipped_rewards():
+    replies = [[{"role": "assistant", "content": "So it is 1,234."}], "The answer: \\boxed{42}", "Paris.", "7", "x"]
+    assert final_answer("a 1 then 2 and\nthen 3.5 end") == "3.5"
+    assert exact_answer(replies, ["1234", "42", "paris", "8", None]) == [1.0, 1.0, 1.0, 0.0, None]
+    assert matches_format(["<think>a</think> b", "b", "c"], [r"<think>.*</think>.+", r"<think>.*</think>.+", None]) == [1.0, 0.0, None]
+    assert length_penalty(completion_ids=[[1] * 10, []]) == [-0.01, -0.0]
