@@ -11,7 +11,8 @@ class ConfigError(Qwen3NeuronError, ValueError):
 
 
 class DataError(Qwen3NeuronError, ValueError):
-    """Bad data found while reading it (in a worker too); the message names the file and what to change."""
+    """Bad data found while reading it (in a worker too): the message names the file and line
+    of the first unfit row and what to change."""
 
 
 class DeviceUnavailableError(Qwen3NeuronError, ValueError):

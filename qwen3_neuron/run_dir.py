@@ -260,18 +260,31 @@ def write_data_stats(run_dir: Path, rank: int, stats: dict[str, int]) -> None:
     write_json(folder / f"rank_{rank}.json", stats)
 
 
-def read_data_stats(run_dir: Path) -> dict[str, int | float] | None:
-    """Every rank's data counts added up, and the job's `packing_efficiency`; None when no rank
-    wrote any (data=tiny, or no run)."""
+def read_data_stats(run_dir: Path) -> dict[str, Any] | None:
+    """Every rank's data counts added up, the first rows of each fate (truncated, dropped, ...)
+    of all ranks in rank order, and the job's `packing_efficiency`; None when no rank wrote any
+    (data=tiny, or no run)."""
     folder = run_dir / DATA_STATS_DIR
-    files = sorted(folder.glob("rank_*.json")) if folder.is_dir() else []
+    files = sorted(folder.glob("rank_*.json"), key=lambda p: int(p.stem.removeprefix("rank_"))) if folder.is_dir() else []
     if not files:
         return None
-    total: dict[str, int] = {}
+    total: dict[str, Any] = {}
+    examples: dict[str, list[str]] = {}
     for path in files:
         for name, value in json.loads(path.read_text()).items():
-            total[name] = total.get(name, 0) + value
-    return {**total, "packing_efficiency": packing_efficiency(total)}
+            if name == "examples":
+                for fate, rows in value.items():
+                    examples.setdefault(fate, []).extend(rows)
+            else:
+                total[name] = total.get(name, 0) + value
+    examples = {fate: sorted(rows, key=_file_order) for fate, rows in examples.items()}
+    return {**total, "examples": examples, "packing_efficiency": packing_efficiency(total)}
+
+
+def _file_order(example: str) -> tuple[str, int]:
+    """"/data/chats.jsonl line 12: why" -> ("/data/chats.jsonl", 12): the ranks' rows in file order."""
+    placed = re.match(r"(.*?) (?:line|item) (\d+): ", example)
+    return (placed[1], int(placed[2])) if placed else (example, 0)
 
 
 def packing_efficiency(stats: dict[str, int]) -> float | None:

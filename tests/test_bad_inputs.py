@@ -104,18 +104,34 @@ PLAN_TIME = [
     ([*CHAT, "data.files={bad}/texts.jsonl"], ["data.messages_field=messages is not a column", "its columns: body"]),
     ([*CHAT, "data.files={bad}/texts.jsonl", "data.prompt_field=question", "data.response_field=body"],
      ["data.prompt_field=question is not a column", "its columns: body"]),
-    ([*CHAT, "data.files={bad}/unknown_role.jsonl"], ["row 1", "unknown role 'robot'", "system, user, assistant, tool"]),
-    ([*CHAT, "data.files={bad}/no_assistant.jsonl"], ["row 0", "no assistant turn"]),
+    ([*CHAT, "data.files={bad}/unknown_role.jsonl"], ["{bad}/unknown_role.jsonl line 2: unknown role 'robot'", "system, user, assistant, tool"]),
+    ([*CHAT, "data.files={bad}/no_assistant.jsonl"], ["{bad}/no_assistant.jsonl line 1: no assistant turn"]),
     ([*CHAT, "hf_assets_path={bad}/tokenizer_without_template"], ["no chat template", "hf_assets_path"]),
-    ([*CHAT, "data.files={bad}/call_without_name.jsonl"], ["row 0", "tool_calls[0]: a tool call needs a function name"]),
-    ([*CHAT, "data.files={bad}/arguments_not_json.jsonl"], ["row 0", "(get_time): arguments are not JSON"]),
-    ([*CHAT, "data.files={bad}/tool_without_call.jsonl"], ["row 0", "message 1 is a tool result with no assistant tool call"]),
+    ([*CHAT, "data.files={bad}/call_without_name.jsonl"], ["{bad}/call_without_name.jsonl line 1: ", "tool_calls[0]: a tool call needs a function name"]),
+    ([*CHAT, "data.files={bad}/arguments_not_json.jsonl"], ["{bad}/arguments_not_json.jsonl line 1: ", "(get_time): arguments are not JSON"]),
+    ([*CHAT, "data.files={bad}/tool_without_call.jsonl"], ["{bad}/tool_without_call.jsonl line 1: message 1 is a tool result with no assistant tool call"]),
+    # rows as data sets ship them: a malformed one named by its file and 1-based line
+    ([*CHAT, "data.files={bad}/malformed.jsonl"],
+     ["{bad}/malformed.jsonl line 3: not JSON (Unterminated string starting at column 83): "]),
+    ([*CHAT, "data.files={bad}/array.json"], ["{bad}/array.json line 4: not JSON (Expecting ',' delimiter at column 1)"]),
+    # a seq_len that leaves the first rows nothing to train on, or drops more than data.max_dropped of them
+    ([*CHAT, "data.files={bad}/chats.jsonl", "training.seq_len=8"],
+     ["training.seq_len=8: none of the 3 rows of {bad}/chats.jsonl keeps a token to train on; the first: "
+      "{bad}/chats.jsonl line 1: the prompt alone is 13 tokens (before its first assistant token), training.seq_len 8: "
+      "cut there, nothing of it would be trained. Raise training.seq_len"]),
+    (["data=chat", "training.seq_len=32"],
+     ["training.seq_len=32: 22 of the first 64 rows of ", "would be dropped (34 %, more than data.max_dropped=0.1)"]),
+    (["data=chat", "data.max_dropped=5"], ["data.max_dropped=5.0: a share of the rows read, in [0, 1) (0.1: a tenth), or null"]),
+    ([*CHAT, "data.files={bad}/one_long_prompt.jsonl", "training.seq_len=40"],
+     ["training.seq_len=40: 1 of the 3 rows of {bad}/one_long_prompt.jsonl would be dropped (33 %, more than "
+      "data.max_dropped=0.1); the first: {bad}/one_long_prompt.jsonl line 2: the prompt alone is ",
+      "or raise data.max_dropped"]),
     ([*CHAT, "data.files={bad}/sharegpt.jsonl"], ["data.messages_field=messages is not a column",
                                                    "ShareGPT rows: set data.messages_field=conversations"]),
     ([*CHAT, "data.files={bad}/sharegpt.jsonl", "data.messages_field=conversations"],
-     ["row 0", "unknown ShareGPT speaker 'bot'", "human -> user", "observation -> tool"]),
+     ["{bad}/sharegpt.jsonl line 1: conversations[1]: unknown ShareGPT speaker 'bot'", "human -> user", "observation -> tool"]),
     ([*CHAT, "data.files={bad}/tool_calls.jsonl", "hf_assets_path={bad}/chatml_tokenizer"],
-     ["row 0", "the data has tools or tool calls, but the tokenizer's chat template does not render them"]),
+     ["{bad}/tool_calls.jsonl line 1: the data has tools or tool calls, but the tokenizer's chat template does not render them"]),
     (["data=chat", "data.val_files={bad}/empty.jsonl"], ["data.val_files: '{bad}/empty.jsonl' is empty (no rows)"]),
     ([*CHAT, "data.files={bad}/chats.jsonl", "data.val_fraction=0.1"],
      ["data.val_fraction=0.1", "has 3 rows, so the validation set has 0", "data.val_files"]),
@@ -137,10 +153,10 @@ PLAN_TIME = [
     (["model=hf", "model.hf_model=nobody/no-such-model"],
      ["model.hf_model=nobody/no-such-model: not a local dir and not in the Hugging Face cache", "`hf download nobody/no-such-model`"]),
     (["data=text", "run.objective=val_los"], ["run.objective", "'val_loss'"]),
-    ([*DPO, "data.files={bad}/no_rejected.jsonl"], ["row 1", "data.rejected_field=rejected: the row has no rejected response"]),
-    ([*DPO, "data.files={bad}/same_responses.jsonl"], ["row 0", "the chosen and the rejected response are the same"]),
+    ([*DPO, "data.files={bad}/no_rejected.jsonl"], ["{bad}/no_rejected.jsonl line 2: data.rejected_field=rejected: the row has no rejected response"]),
+    ([*DPO, "data.files={bad}/same_responses.jsonl"], ["{bad}/same_responses.jsonl line 1: the chosen and the rejected response are the same"]),
     ([*DPO, "data.files={bad}/long_prompt.jsonl", "training.seq_len=64"],
-     ["row 0", "its prompt is", "training.seq_len=64", "raise training.seq_len above"]),
+     ["{bad}/long_prompt.jsonl line 1: its prompt is", "training.seq_len=64", "raise training.seq_len above"]),
     ([*DPO, "data.files={bad}/pairs.jsonl", "data.chosen_field=better"], ["data.chosen_field=better is not a column", "its columns: chosen, prompt, rejected"]),
     (["model=hf", "finetune=lora", "data=preference"], ["data=preference tunes a model against itself", "checkpointing=from_hf"]),
     ([*DPO, "parallelism=tp"], ["data=preference with tensor parallelism (degree 2) is not supported", "parallelism=fsdp"]),
@@ -154,7 +170,7 @@ PLAN_TIME = [
     ([*GRPO, "grpo.num_generations=1"], ["grpo.num_generations=1: a group needs at least 2 completions"]),
     ([*GRPO, "training.local_batch_size=6"], ["a rank's batch of 6 completions", "whole groups of grpo.num_generations=4"]),
     ([*GRPO, "grpo.max_completion_length=60"],
-     ["row 0's prompt is", "grpo.max_completion_length=60 more must fit in training.seq_len=64", "raise training.seq_len"]),
+     ["line 1: the prompt is ", "grpo.max_completion_length=60 more must fit in training.seq_len=64", "raise training.seq_len"]),
     (["model=hf", "data=prompts", "grpo.rewards=[qwen3_neuron.finetune.rewards.length_penalty]"],
      ["data=prompts samples completions from the model", "nothing loads weights", "checkpointing=from_hf"]),
     ([*GRPO, "parallelism=tp"], ["data=prompts with tensor parallelism (degree 2) is not built", "parallelism=fsdp"]),
@@ -197,6 +213,9 @@ def bad_data(assets):
         "arguments_not_json.jsonl": [{"messages": [turn("user", "hi"), call({"name": "get_time", "arguments": "{tz:"})]}],
         "tool_without_call.jsonl": [{"messages": [turn("user", "hi"), turn("tool", "12:00"), turn("assistant", "noon")]}],
         "sharegpt.jsonl": [{"conversations": [{"from": "human", "value": "hi"}, {"from": "bot", "value": "hello"}]}],
+        "one_long_prompt.jsonl": [{"messages": [turn("user", "hi"), turn("assistant", "hello")]},
+                                  {"messages": [turn("user", "why " * 40), turn("assistant", "because")]},
+                                  {"messages": [turn("user", "hi"), turn("assistant", "hello")]}],
         "tool_calls.jsonl": [{"messages": [turn("user", "hi"), call({"name": "get_time", "arguments": {}}),
                                            turn("tool", "12:00"), turn("assistant", "noon")]}],
     }  # fmt: skip
@@ -209,6 +228,9 @@ def bad_data(assets):
     })  # fmt: skip
     for name, lines in rows.items():
         (BAD_DATA / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    chat = json.dumps({"messages": [turn("user", "hi"), turn("assistant", "hello")]})
+    (BAD_DATA / "malformed.jsonl").write_text(f"{chat}\n\n{chat[:-4]}\n{chat}\n")  # line 3 ends mid-string
+    (BAD_DATA / "array.json").write_text(f"[\n{chat},\n{chat}\n{chat}\n]\n")  # line 4: a comma missing
     tokenizer = BAD_DATA / "tokenizer_without_template"
     shutil.copytree(assets.tokenizer_dir, tokenizer, dirs_exist_ok=True)
     config = json.loads((tokenizer / "tokenizer_config.json").read_text())

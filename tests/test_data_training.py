@@ -69,6 +69,8 @@ def test_chat_run_trains_and_its_loss_falls(chat_run):
     summary = summary_of(chat_run[0])
     assert summary["status"] == "completed" and summary["steps"] == CHAT_STEPS
     assert summary["final_loss"] < summary["first_loss"] - 0.2
+    # rank 0's share of rows dropped or skipped so far, for the progress line: none here
+    assert [r["rows_not_trained"] for r in read_jsonl(chat_run[0] / "metrics.jsonl") if "loss" in r] == [0.0] * CHAT_STEPS
 
 
 def test_chat_validation_loss_reaches_metrics_summary_and_progress_line(chat_run):
@@ -85,16 +87,23 @@ def test_chat_validation_loss_reaches_metrics_summary_and_progress_line(chat_run
 
 
 def test_chat_overlong_conversations_are_counted_in_log_and_summary(chat_run):
-    run_dir, _ = chat_run
+    run_dir, result = chat_run
     stats = summary_of(run_dir)["data_stats"]
     per_rank = [json.loads((run_dir / "data_stats" / f"rank_{r}.json").read_text()) for r in (0, 1)]
-    assert stats == {**{k: per_rank[0][k] + per_rank[1][k] for k in per_rank[0]}, "packing_efficiency": ANY}
+    counts = [name for name in per_rank[0] if name != "examples"]
+    assert stats == {**{k: per_rank[0][k] + per_rank[1][k] for k in counts}, "packing_efficiency": ANY,
+                     "examples": {"truncated": per_rank[0]["examples"]["truncated"] + per_rank[1]["examples"]["truncated"]}}
     assert stats["truncated"] > 0 and stats["dropped"] == 0 and stats["skipped"] == 0 and stats["split"] == 0
     assert stats["documents"] == stats["rows"] > 0
+    # the first truncated rows of each rank, by their line of the bundled file, and the end-of-run lines
+    assert re.fullmatch(r".*/train\.jsonl line \d+: \d+ tokens, cut to training\.seq_len 128", stats["examples"]["truncated"][0])
+    assert (f"data: {stats['rows']:,} rows read: {stats['rows']:,} kept ({stats['truncated']:,} of them truncated), "
+            "0 dropped, 0 skipped; packing efficiency ") in result.stdout
+    assert f"[qwen3-neuron]     {stats['examples']['truncated'][0]}" in result.stdout
     # a share of the tokens packed (6 steps x 2 ranks x 2 rows x 128, + what is still buffered): prompts carry none
     assert 0 < stats["label_tokens"] < CHAT_STEPS * 2 * 2 * 128 + 2 * 128
     log = (run_dir / "train.log").read_text()
-    assert "truncated (data.overlong=truncate)" in log
+    assert re.search(r"train\.jsonl line \d+: truncated: \d+ tokens, cut to training\.seq_len 128", log)
     assert "[qwen3-neuron data] rank 0: rows" in log
 
 
@@ -114,7 +123,7 @@ def test_chat_run_packs_best_fit_and_reports_its_packing_efficiency(chat_run):
     # each rank's buffer was full (64) before its last sample took 1 or 2 conversations of >= 52 tokens
     assert 2 * 62 <= stats["buffered_documents"] <= 2 * 63
     buffered = f"{stats['buffered_documents']:,} documents read but not trained on"
-    assert f"data: packing efficiency {summary['packing_efficiency']:.4f}" in result.stdout and buffered in result.stdout
+    assert f"; packing efficiency {summary['packing_efficiency']:.4f} (the share" in result.stdout and buffered in result.stdout
 
 
 def test_chat_run_records_its_data_config_and_writes_only_in_the_run_dir(chat_run, assets):

@@ -192,6 +192,7 @@ def test_pairs_are_packed_whole_with_their_sequence_ids(tmp_path, tokenizer):
     assert f"</think>\n\n{GOOD}<|im_end|>\n──── document 2, pair 1 rejected" in shown
     assert f"⟦<|im_start|>user\n{USER}" in shown
     # too long for one sample: truncated to fit together (overlong=truncate), or dropped
+    source = dataclasses.replace(source, max_dropped=None)  # dropping them all is the point here
     short = PackedDataset(source, tokenizer, seq_len=48, infinite=False)
     assert sum(1 for _ in short) > 0 and short.stats["truncated"] > 0
     dropping = PackedDataset(dataclasses.replace(source, overlong="drop"), tokenizer, seq_len=48, infinite=False)

@@ -348,11 +348,13 @@ def test_the_end_of_a_run_is_a_few_labelled_lines():
         "speed: 2,173 tok/s, mfu 11.37%; memory per rank: peak 0.69 GiB, tensors 0.045 GiB, estimate 0.044 GiB",
         "HF export: /run/hf_export",
     ]
-    packed = {**summary, "packing_efficiency": 0.95817, "data_stats": {"buffered_documents": 1234}}
-    assert summary_lines(packed)[2] == (
-        "data: packing efficiency 0.9582 (the share of tokens that is not padding); "
-        "1,234 documents read but not trained on (still buffered)"
-    )
+    stats = {"rows": 5000, "dropped": 0, "skipped": 0, "truncated": 12, "buffered_documents": 1234, "packing_efficiency": 0.95817}
+    packed = {**summary, "packing_efficiency": 0.95817, "data_stats": stats}
+    assert summary_lines(packed)[2:4] == [
+        "data: 5,000 rows read: 5,000 kept (12 of them truncated), 0 dropped, 0 skipped; packing efficiency 0.9582 "
+        "(the share of tokens that is not padding); 1,234 documents read but not trained on (still buffered)",
+        "  truncated 12 (kept, cut to training.seq_len):",
+    ]
     resumed = {**summary, "val_loss": None, "checkpoint_loaded": "step-8"}
     assert summary_lines(resumed)[0] == "completed: 10 steps in 12.3 s; loss 7.6600 -> 6.5000; continued from checkpoint step-8"
 

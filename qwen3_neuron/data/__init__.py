@@ -1,7 +1,8 @@
 """Training data beyond torchtitan's registered data sets: data=text|chat|mix.
 
 `source` (a source's keys: the `data` settings' and each loader source's; no heavy import),
-`row_loading` (local files, the HF cache; per-rank shards, the validation carve), `chat_rows` (rows as
+`row_loading` (local files, the HF cache; JSON rows as the file holds them, with their file and
+line; per-rank shards, the validation carve), `chat_rows` (rows as
 data sets ship them -> conversations -> tokens with the assistant turns marked), `packing`
 (documents -> seq_len samples with per-document positions: best fit, greedy, none, or text
 flowing on), `dataset` (one source, checkpointable), `loader` (torchtitan's dataloader

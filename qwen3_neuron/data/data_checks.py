@@ -2,18 +2,24 @@
 
 Each source's first `PEEK_ROWS` rows are read as a stream (a 100 GB corpus is opened, never
 scanned) and put through what the workers will do to them: the text column must be there, a chat
-row must be a conversation the tokenizer's chat template renders with its assistant turns found.
-A validation set must not be empty; torchtitan's Validator must be told how many batches to read.
+row must be a conversation the tokenizer's chat template renders with its assistant turns found,
+and training.seq_len must leave rows something to train on (what it truncates or drops is said,
+as the end-of-run lines say it; more than `data.max_dropped` of them dropped is refused). A
+validation set must not be empty; torchtitan's Validator must be told how many batches to read.
+Rows are named by file and 1-based line (JSON), else by their place in the source.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from torchtitan.trainer import Trainer
 
 from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conversation
+from qwen3_neuron.data.dataset import document_fate, pair_fate
 from qwen3_neuron.data.loader import PackedDataLoader
+from qwen3_neuron.data.packing import document
 from qwen3_neuron.data.preference import pair_tokens, row_pair
 from qwen3_neuron.data.prompts import prompt_field, prompt_tokens
 from qwen3_neuron.data.row_loading import first_rows, is_validation_row
@@ -37,9 +43,12 @@ def _check_hub_cache(repo_id: str, key: str) -> None:
         )
 
 
-def check_data(config: Trainer.Config, world_size: int, completion_tokens: int = 0) -> None:
+def check_data(
+    config: Trainer.Config, world_size: int, completion_tokens: int = 0, warn: Callable[[str], None] = print
+) -> None:
     """Raise ConfigError on a data section the workers could not train on. `completion_tokens`:
-    data=prompts, the room each prompt must leave in training.seq_len (grpo.max_completion_length)."""
+    data=prompts, the room each prompt must leave in training.seq_len (grpo.max_completion_length);
+    `warn` gets what the first rows showed that the user should know (rows dropped at this seq_len)."""
     loader = config.dataloader
     if getattr(loader, "dataset", None) in HUB_REGISTERED and not loader.dataset_path:
         _check_hub_cache(HUB_REGISTERED[loader.dataset], f"dataloader.dataset={loader.dataset}")
@@ -49,10 +58,13 @@ def check_data(config: Trainer.Config, world_size: int, completion_tokens: int =
     _check_vocab(tokenizer, config)
     keys = ["data"] if len(loader.sources) == 1 else [f"data.sources[{i}]" for i in range(len(loader.sources))]
     for key, source in zip(keys, loader.sources):
+        if source.max_dropped is not None and not 0 <= source.max_dropped < 1:
+            raise ConfigError(f"{key}.max_dropped={source.max_dropped}: a share of the rows read, in [0, 1) "
+                              "(0.1: a tenth), or null for no limit")  # fmt: skip
         if source.format == "prompts":
             _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens)
             continue
-        rows = _check_source(source, key, f"{key}.files", tokenizer, config.training.seq_len)
+        rows = _check_source(source, key, f"{key}.files", tokenizer, config.training.seq_len, warn)
         if source.val_fraction:
             _check_carve(rows, source, key, world_size)
     validator = config.validator
@@ -64,7 +76,7 @@ def check_data(config: Trainer.Config, world_size: int, completion_tokens: int =
             )
         if validator.dataloader.sources is not loader.sources and not any(s.val_fraction for s in loader.sources):
             for source in validator.dataloader.sources:
-                rows = _check_source(source, "data", "data.val_files", tokenizer, config.training.seq_len)
+                rows = _check_source(source, "data", "data.val_files", tokenizer, config.training.seq_len, warn)
                 if len(rows) < PEEK_ROWS and len(rows) < world_size:
                     raise ConfigError(f"data.val_files: {len(rows)} rows for {world_size} ranks; "
                                       "each rank needs at least one")  # fmt: skip
@@ -86,29 +98,39 @@ def _check_vocab(tokenizer, config: Trainer.Config) -> None:
         )
 
 
-def _check_source(source: DataSource, key: str, files_key: str, tokenizer, seq_len: int) -> list[dict]:
+def _check_source(source: DataSource, key: str, files_key: str, tokenizer, seq_len: int, warn) -> list[dict]:
     where = source.hf_dataset or files_key
-    rows = first_rows(source, PEEK_ROWS, files_key)
-    if not rows:
+    placed = first_rows(source, PEEK_ROWS, files_key)
+    if not placed:
         raise ConfigError(f"{where}: no rows in {source.name()}")
-    columns = ", ".join(sorted(rows[0]))
+    rows = [row for row, _ in placed]
+    present = {name for row in rows for name in row}  # rows as data sets ship them: not every row has every key
+    columns = ", ".join(sorted(present))
     if source.format == "text":
-        if source.text_field not in rows[0]:
+        if source.text_field not in present:
             raise ConfigError(f"{key}.text_field={source.text_field} is not a column of {source.name()}; "
                               f"its columns: {columns}")  # fmt: skip
+        def text_fate(row):
+            text = row.get(source.text_field)
+            if not isinstance(text, str):
+                raise ChatFormatError(f"{key}.text_field={source.text_field}: expected a string, got {text!r:.40}")
+            tokens = tokenizer.encode(text, add_bos=True, add_eos=True)
+            return document_fate(tokens, [True] * len(tokens), seq_len, source.overlong)
+
+        _check_fates(source, key, placed, text_fate, seq_len, warn)
         return rows
     instruction = () if source.format == "preference" else ("prompt_field", "response_field")  # preference: prompt optional
     for field_key in instruction:
         name = getattr(source, field_key)
-        if name and name not in rows[0]:
+        if name and name not in present:
             raise ConfigError(f"{key}.{field_key}={name} is not a column of {source.name()}; its columns: {columns}")
     if source.format == "preference":
         for field_key in ("chosen_field", "rejected_field"):
             name = getattr(source, field_key)
-            if name not in rows[0]:
+            if name not in present:
                 raise ConfigError(f"{key}.{field_key}={name} is not a column of {source.name()}; its columns: {columns}")
-    elif not (source.prompt_field or source.response_field) and source.messages_field not in rows[0]:
-        hint = (f"ShareGPT rows: set {key}.messages_field=conversations" if "conversations" in rows[0]
+    elif not (source.prompt_field or source.response_field) and source.messages_field not in present:
+        hint = (f"ShareGPT rows: set {key}.messages_field=conversations" if "conversations" in present
                 else f"instruction rows: set {key}.prompt_field and {key}.response_field")  # fmt: skip
         raise ConfigError(
             f"{key}.messages_field={source.messages_field} is not a column of {source.name()}; its columns: "
@@ -118,35 +140,69 @@ def _check_source(source: DataSource, key: str, files_key: str, tokenizer, seq_l
         renderer = ChatRenderer(tokenizer, source.train_on_prompt)
     except ChatFormatError as e:
         raise ConfigError(f"data.kind={source.format}: {e}; use a model dir or hf_assets_path whose tokenizer has one") from e
-    for index, row in enumerate(rows):
-        try:
-            if source.format == "preference":
-                _check_pair(renderer, row_pair(row, source), seq_len, key)
-            else:
-                renderer.tokens(row_conversation(row, source))
-        except ChatFormatError as e:
-            raise ConfigError(f"{where}: row {index} of {source.name()}: {e}") from e
+    if source.format == "preference":
+        def fate(row):
+            pair = row_pair(row, source)
+            _check_pair(renderer, pair, seq_len, key)
+            return pair_fate([document(*tokens) for tokens in pair_tokens(renderer, pair)], seq_len, source.overlong)
+    else:
+        def fate(row):
+            return document_fate(*renderer.tokens(row_conversation(row, source)), seq_len, source.overlong)
+    _check_fates(source, key, placed, fate, seq_len, warn)
     return rows
+
+
+def _check_fates(source: DataSource, key: str, placed: list[tuple[dict, str]], fate, seq_len: int, warn) -> None:
+    """Each first row as the workers will take it at `seq_len`: an unreadable one is refused; the
+    rows truncated or dropped are said, and refused when none is left or more than data.max_dropped."""
+    fates: dict[str, list[str]] = {"truncated": [], "dropped": [], "split": []}
+    for row, where in placed:
+        try:
+            _, what, why = fate(row)
+        except ChatFormatError as e:
+            raise ConfigError(f"{where}: {e}") from e
+        if what:
+            fates[what].append(f"{where}: {why}")
+    read, dropped, truncated = len(placed), len(fates["dropped"]), len(fates["truncated"])
+    first = f"the first {read} rows of {source.name()}" if read == PEEK_ROWS else f"the {read} rows of {source.name()}"
+    if dropped == read:
+        raise ConfigError(
+            f"training.seq_len={seq_len}: none of {first} keeps a token to train on; the first: "
+            f"{fates['dropped'][0]}. Raise training.seq_len"
+            + ("" if source.overlong == "truncate" else f" or set {key}.overlong=truncate")
+        )
+    limit = source.max_dropped
+    if limit is not None and dropped / read > limit:
+        raise ConfigError(
+            f"training.seq_len={seq_len}: {dropped} of {first} would be dropped ({100 * dropped / read:.0f} %, more "
+            f"than {key}.max_dropped={limit}); the first: {fates['dropped'][0]}. Raise training.seq_len, "
+            f"leave such rows out, or raise {key}.max_dropped"
+        )
+    if dropped:  # truncation is the documented default: the end-of-run lines count it
+        said = "; ".join((fates["dropped"] + fates["truncated"])[:2])
+        warn(f"[qwen3-neuron] data: of {first} at training.seq_len {seq_len}, {truncated} would be truncated "
+             f"and {dropped} dropped (e.g. {said})")  # fmt: skip
 
 
 def _check_prompts(source: DataSource, tokenizer, seq_len: int, completion_tokens: int) -> None:
     """data=prompts: the prompt column there, and each first prompt leaving room for a completion."""
     where = source.hf_dataset or "data.files"
-    rows = first_rows(source, PEEK_ROWS, "data.files")
-    if not rows:
+    placed = first_rows(source, PEEK_ROWS, "data.files")
+    if not placed:
         raise ConfigError(f"{where}: no rows in {source.name()}")
     field = prompt_field(source)
-    if field not in rows[0]:
+    present = {name for row, _ in placed for name in row}
+    if field not in present:
         raise ConfigError(f"data.prompt_field={field} is not a column of {source.name()}; its columns: "
-                          f"{', '.join(sorted(rows[0]))}")  # fmt: skip
-    for index, row in enumerate(rows):
+                          f"{', '.join(sorted(present))}")  # fmt: skip
+    for row, place in placed:
         try:
             length = len(prompt_tokens(tokenizer, row, source))
         except ChatFormatError as e:
-            raise ConfigError(f"{where}: row {index} of {source.name()}: {e}") from e
+            raise ConfigError(f"{place}: {e}") from e
         if length + completion_tokens > seq_len:
             raise ConfigError(
-                f"{where}: row {index}'s prompt is {length} tokens, and grpo.max_completion_length="
+                f"{place}: the prompt is {length} tokens, and grpo.max_completion_length="
                 f"{completion_tokens} more must fit in training.seq_len={seq_len}: raise training.seq_len to at "
                 f"least {length + completion_tokens} or lower grpo.max_completion_length."
             )

@@ -8,10 +8,15 @@ the samples packed but not yet handed out, and the counts below, so a resumed ru
 the very next sample.
 
 Counts (`stats`): rows read, documents read, overlong documents truncated / dropped / split,
-rows skipped because they are not a conversation; and of the samples handed out, their tokens,
-the tokens with a loss and the padding. `data_stats()` adds the documents still waiting in the
-packer. An overlong or skipped row is logged (the first, then at each power of two) and the
-counts reach summary.json.
+rows skipped because they cannot be read (not JSON, not a conversation); and of the samples
+handed out, their tokens, the tokens with a loss and the padding. `data_stats()` adds the
+documents still waiting in the packer and, for each fate but the plain one, its first few rows
+with where they are (file and 1-based line for JSON) and why, in words that say what to change.
+An overlong or skipped row is logged (the first, then at each power of two) and the counts reach
+summary.json and the end-of-run lines.
+
+`data.max_dropped`: once a pass over the rank's rows is done (or enough rows were read), a share
+of rows dropped or skipped above it stops the run with a DataError naming the first of them.
 """
 
 from __future__ import annotations
@@ -29,12 +34,16 @@ from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conve
 from qwen3_neuron.data.packing import SEQUENCE_IDS, Packer, Sample, document, fit, fit_pair, sequence_ids
 from qwen3_neuron.data.preference import pair_tokens, row_pair
 from qwen3_neuron.data.prompts import PROMPT, ROW, prompt_tokens, row_columns
+from qwen3_neuron.data.row_loading import RowError, read_row
 from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.errors import DataError
 
 STAT_NAMES = (
     "rows", "documents", "truncated", "dropped", "split", "skipped", "tokens", "label_tokens", "padding_tokens",
 )  # fmt: skip
+EXAMPLE_STATS = ("truncated", "dropped", "split", "skipped")  # the fates whose first rows are kept, with why
+EXAMPLES = 5  # rows kept per fate and rank
+MAX_DROPPED_AFTER = 1000  # rows read before data.max_dropped is checked, when a pass is longer
 
 
 class PackedDataset(IterableDataset, Stateful):
@@ -67,6 +76,7 @@ class PackedDataset(IterableDataset, Stateful):
         self._sample_idx = 0
         self._epoch = 0
         self.stats = dict.fromkeys(STAT_NAMES, 0)
+        self.examples: dict[str, list[str]] = {name: [] for name in EXAMPLE_STATS}  # "where: why"
 
     # ---- rows -> documents ---------------------------------------------------------------
 
@@ -80,73 +90,94 @@ class PackedDataset(IterableDataset, Stateful):
         tokens = self._tokenizer.encode(text, add_bos=True, add_eos=True)
         return tokens, [True] * len(tokens)
 
-    def _pair(self, row: dict[str, Any]) -> list[tuple[list[int], list[int]]] | None:
+    def _read(self, example: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        """The row and where it is: its file and line (JSON), else its place in this rank's share."""
+        try:
+            row, where = read_row(example)
+        except RowError as e:
+            where, _, why = str(e).partition(": ")
+            self._count("skipped", where, why)
+            return None, where
+        return row, where or f"row {self._sample_idx} of rank {self.rank}'s share of {self.source.name()}"
+
+    def _pair(self, example: dict[str, Any]) -> list[tuple[list[int], list[int]]] | None:
         """data=preference: the chosen and the rejected document of one row, fitted together."""
+        row, where = self._read(example)
+        if row is None:
+            return None
         try:
             documents = [document(*tokens) for tokens in pair_tokens(self._chat, row_pair(row, self.source))]
         except ChatFormatError as e:
-            self._count("skipped", f"row {self._sample_idx} cannot be read ({e}): skipped")
+            self._count("skipped", where, str(e))
             return None
-        length = sum(len(inputs) for inputs, _ in documents)
-        if length > self.seq_len:
-            overlong = self.source.overlong
-            fitted = fit_pair(documents, self.seq_len) if overlong == "truncate" else None
-            action = "truncated" if fitted else "dropped"
-            self._count(action, f"row {self._sample_idx}: the pair is {length} tokens > training.seq_len "
-                                f"{self.seq_len}: {action} (data.overlong={overlong})")  # fmt: skip
-            if fitted is None:
-                return None
-            documents = fitted
+        documents, fate, why = pair_fate(documents, self.seq_len, self.source.overlong)
+        if fate:
+            self._count(fate, where, why)
+        if documents is None:
+            return None
         self.stats["documents"] += 2
         return documents
 
-    def _prompt(self, row: dict[str, Any]) -> list:
+    def _prompt(self, example: dict[str, Any]) -> list:
         """data=prompts: one sample, the prompt's tokens padded to seq_len (its length beside them)
         and the row's columns; a prompt longer than seq_len is dropped (the plan checks the room
         left for the completion)."""
+        row, where = self._read(example)
+        if row is None:
+            return []
         try:
             tokens = prompt_tokens(self._tokenizer, row, self.source)
         except ChatFormatError as e:
-            self._count("skipped", f"row {self._sample_idx} cannot be read ({e}): skipped")
+            self._count("skipped", where, str(e))
             return []
         if len(tokens) >= self.seq_len:
-            self._count("dropped", f"row {self._sample_idx}: the prompt is {len(tokens)} tokens, no room left in "
-                                   f"training.seq_len {self.seq_len}: dropped")  # fmt: skip
+            self._count("dropped", where, f"the prompt is {len(tokens)} tokens, no room left for a completion in "
+                                          f"training.seq_len {self.seq_len}")  # fmt: skip
             return []
         self.stats["documents"] += 1
         pad_id = self._packer.pad_id
         padding = self.seq_len - len(tokens)
         return [(tokens + [pad_id] * padding, [IGNORE_INDEX] * self.seq_len, (len(tokens), row_columns(row)), padding)]
 
-    def _document(self, row: dict[str, Any]) -> tuple[list[int], list[int]] | None:
+    def _document(self, example: dict[str, Any]) -> tuple[list[int], list[int]] | None:
+        row, where = self._read(example)
+        if row is None:
+            return None
         try:
             tokens, trained = self.row_tokens(row)
         except ChatFormatError as e:  # checked on the first rows at plan time; a later bad row is skipped, counted
-            self._count("skipped", f"row {self._sample_idx} cannot be read ({e}): skipped")
+            self._count("skipped", where, str(e))
             return None
-        inputs, labels = document(tokens, trained)
-        if len(inputs) > self.seq_len:
-            overlong = self.source.overlong
-            fitted = fit(inputs, labels, self.seq_len, overlong)
-            action = {"truncate": "truncated", "drop": "dropped", "split": "split"}[overlong]
-            if fitted is not None and all(label == IGNORE_INDEX for label in fitted[1]):
-                fitted, action = None, "dropped"  # truncation left no assistant token to learn from
-            self._count(action, f"row {self._sample_idx}: {len(inputs)} tokens > training.seq_len "
-                                f"{self.seq_len}: {action} (data.overlong={overlong})")  # fmt: skip
-            if fitted is None:
-                return None
-            inputs, labels = fitted
-        if len(inputs) == 0:
+        fitted, fate, why = document_fate(tokens, trained, self.seq_len, self.source.overlong)
+        if fate:
+            self._count(fate, where, why)
+        if fitted is None or len(fitted[0]) == 0:
             return None
         self.stats["documents"] += 1
-        return inputs, labels
+        return fitted
 
-    def _count(self, stat: str, message: str) -> None:
+    def _count(self, stat: str, where: str, why: str) -> None:
         self.stats[stat] += 1
         count = self.stats[stat]
+        if len(self.examples[stat]) < EXAMPLES:
+            self.examples[stat].append(f"{where}: {why}")
         if count & (count - 1) == 0:  # 1, 2, 4, 8, ...: visible, never a flood
             log = logger.info if stat == "split" else logger.warning  # split loses nothing: news, not a warning
-            log(f"[qwen3-neuron data] rank {self.rank}: {message} ({stat} so far: {count})")
+            log(f"[qwen3-neuron data] {where}: {stat}: {why} ({stat} so far on rank {self.rank}: {count})")
+
+    def _check_max_dropped(self, pass_done: bool) -> None:
+        """data.max_dropped: too many rows dropped or skipped stops the run, naming them."""
+        rows, limit = self.stats["rows"], self.source.max_dropped
+        if limit is None or not rows or not (pass_done or rows % MAX_DROPPED_AFTER == 0):
+            return
+        lost = self.stats["dropped"] + self.stats["skipped"]
+        if lost / rows > limit:
+            first = (self.examples["dropped"] + self.examples["skipped"])[0]
+            raise DataError(
+                f"{self.source.name()}: {lost} of the {rows} rows rank {self.rank} read are not trained "
+                f"({100 * lost / rows:.1f} %, more than data.max_dropped={limit}); the first: {first}. "
+                "Raise training.seq_len, fix or leave out those rows, or raise data.max_dropped"
+            )
 
     # ---- iteration -----------------------------------------------------------------------
 
@@ -163,19 +194,21 @@ class PackedDataset(IterableDataset, Stateful):
         while True:
             yield from self._hand_out()
             whole_pass, rows_this_epoch, documents_before = self._sample_idx == 0, 0, self.stats["documents"]
-            for row in self._get_data_iter():
+            for example in self._get_data_iter():
                 self._sample_idx += 1
                 self.stats["rows"] += 1
                 rows_this_epoch += 1
                 if self._prompts:
-                    self._ready += self._prompt(row)
+                    self._ready += self._prompt(example)
                 elif self._pairs:
-                    pair = self._pair(row)
+                    pair = self._pair(example)
                     self._ready += self._packer.add_together(pair) if pair else []
                 else:
-                    doc = self._document(row)
+                    doc = self._document(example)
                     self._ready += self._packer.add(*doc) if doc is not None else []
+                self._check_max_dropped(pass_done=False)
                 yield from self._hand_out()
+            self._check_max_dropped(pass_done=whole_pass and rows_this_epoch > 0)
             if whole_pass and rows_this_epoch and self.stats["documents"] == documents_before and self.infinite:
                 raise DataError(
                     f"data source {self.source.name()}: none of the {rows_this_epoch} rows of rank {self.rank} "
@@ -184,7 +217,7 @@ class PackedDataset(IterableDataset, Stateful):
             if not self.infinite:
                 self._ready += self._packer.flush()
                 yield from self._hand_out()
-                logger.warning(f"[qwen3-neuron data] {self.source.name()}: out of data on rank {self.rank}")
+                logger.info(f"[qwen3-neuron data] {self.source.name()}: out of data on rank {self.rank}")  # as planned
                 return
             if rows_this_epoch == 0 and self._sample_idx == 0:
                 raise DataError(
@@ -215,7 +248,8 @@ class PackedDataset(IterableDataset, Stateful):
         """`stats`, and the documents read but not yet (or not wholly) in a sample handed out."""
         ready = len(self._ready) if self._prompts else sum(
             positions.count(0) - (padding > 0) for _, _, positions, padding in self._ready)
-        return {**self.stats, "buffered_documents": self._packer.waiting_documents() + ready}
+        examples = {stat: list(rows) for stat, rows in self.examples.items() if rows}
+        return {**self.stats, "buffered_documents": self._packer.waiting_documents() + ready, "examples": examples}
 
     def reloop(self) -> None:
         import datasets
@@ -238,6 +272,7 @@ class PackedDataset(IterableDataset, Stateful):
             "packer": self._packer.state_dict(),
             "ready": list(self._ready),
             "stats": dict(self.stats),
+            "examples": {stat: list(rows) for stat, rows in self.examples.items()},
         }
         if isinstance(self._data, datasets.Dataset):
             state["sample_idx"] = self._sample_idx
@@ -254,6 +289,7 @@ class PackedDataset(IterableDataset, Stateful):
         if self._prompts:
             self._ready = [(i, l, tuple(p), pad) for i, l, p, pad in self._ready]
         self.stats.update(state["stats"])
+        self.examples.update({stat: list(rows) for stat, rows in state.get("examples", {}).items()})
         if isinstance(self._data, datasets.Dataset):
             self._sample_idx = state["sample_idx"]
             if self._epoch > 0:
@@ -261,3 +297,40 @@ class PackedDataset(IterableDataset, Stateful):
         else:
             self._data.set_epoch(state["data"].get("epoch", 0))
             self._data.load_state_dict(state["data"])
+
+
+def document_fate(
+    tokens: list[int], trained: list[bool], seq_len: int, overlong: str
+) -> tuple[tuple[list[int], list[int]] | None, str | None, str]:
+    """One row's document as training takes it (None: dropped), what happened to it
+    ("truncated", "dropped", "split"; None: nothing) and why, in numbers a user can act on."""
+    inputs, labels = document(tokens, trained)
+    if len(inputs) <= seq_len:
+        return (inputs, labels), None, ""
+    fitted = fit(inputs, labels, seq_len, overlong)
+    if fitted is not None and all(label == IGNORE_INDEX for label in fitted[1]):
+        before = trained.index(True) if True in trained else len(trained)
+        return None, "dropped", (f"the prompt alone is {before} tokens (before its first assistant token), "
+                                 f"training.seq_len {seq_len}: cut there, nothing of it would be trained")  # fmt: skip
+    if overlong == "drop":
+        return None, "dropped", f"{len(tokens)} tokens, training.seq_len {seq_len} (data.overlong=drop)"
+    if overlong == "truncate":
+        return fitted, "truncated", f"{len(tokens)} tokens, cut to training.seq_len {seq_len}"
+    return fitted, "split", f"{len(tokens)} tokens, run on across training.seq_len {seq_len} samples"
+
+
+def pair_fate(
+    documents: list[tuple[list[int], list[int]]], seq_len: int, overlong: str
+) -> tuple[list[tuple[list[int], list[int]]] | None, str | None, str]:
+    """A preference pair's two documents as training takes them, fitted into one sample (None:
+    dropped), what happened to them and why."""
+    length = sum(len(inputs) for inputs, _ in documents)
+    if length <= seq_len:
+        return documents, None, ""
+    if overlong == "drop":
+        return None, "dropped", f"the pair is {length} tokens, training.seq_len {seq_len} (data.overlong=drop)"
+    fitted = fit_pair(documents, seq_len)
+    if fitted is None:
+        return None, "dropped", (f"the pair is {length} tokens, and cut to share one training.seq_len {seq_len} "
+                                 "sample a response keeps no token to train")  # fmt: skip
+    return fitted, "truncated", f"the pair is {length} tokens, both cut to share one training.seq_len {seq_len} sample"

@@ -84,7 +84,12 @@ class PackedDataLoader(ParallelAwareDataloader):
         if self._num_workers_in_use():
             return None
         per_source = [d.data_stats() for d in self.packed_datasets]
-        return {name: sum(stats[name] for stats in per_source) for name in per_source[0]}
+        counts = {name: sum(stats[name] for stats in per_source) for name in per_source[0] if name != "examples"}
+        examples: dict[str, list[str]] = {}
+        for stats in per_source:
+            for fate, rows in stats["examples"].items():
+                examples.setdefault(fate, []).extend(rows)
+        return {**counts, "examples": examples}
 
     def _num_workers_in_use(self) -> int:
         return getattr(self, "num_workers", 0)

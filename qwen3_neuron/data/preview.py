@@ -6,13 +6,18 @@ rank 0 trains on: any data kind, torchtitan's registered sets included. In the t
 without a loss are inside ⟦ ⟧, padding is ⟦pad ×N⟧, and a rule opens each document (positions
 restart there). The tokens with a loss are the model's targets: for chat, the assistant turns
 and their end-of-turn markers; for preference pairs, each response (the rule names it chosen or
-rejected, and its pair).
+rejected, and its pair). The rows are read once, as a validation pass reads them: a preview
+longer than the data ends with it, never re-looping (a sample then never holds a conversation
+and its copy from the next pass).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from torchtitan.components.loss import IGNORE_INDEX
 
+from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.data.packing import SEQUENCE_IDS
 
 NO_LOSS_OPEN, NO_LOSS_CLOSE = "⟦", "⟧"
@@ -21,7 +26,10 @@ NO_LOSS_OPEN, NO_LOSS_CLOSE = "⟦", "⟧"
 def show_samples(config, count: int, dp_world_size: int) -> str:
     """The text of rank 0's first `count` samples (one per sample: batch size 1)."""
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
-    loader = config.dataloader.build(
+    loader_config = config.dataloader
+    if isinstance(loader_config, PackedDataLoader.Config):
+        loader_config = dataclasses.replace(loader_config, infinite=False)
+    loader = loader_config.build(
         dp_world_size=dp_world_size, dp_rank=0, tokenizer=tokenizer,
         seq_len=config.training.seq_len, local_batch_size=1,
     )  # fmt: skip
@@ -31,6 +39,8 @@ def show_samples(config, count: int, dp_world_size: int) -> str:
         positions = input_dict["positions"][0].tolist() if "positions" in input_dict else list(range(len(inputs)))
         sequences = input_dict[SEQUENCE_IDS][0].tolist() if SEQUENCE_IDS in input_dict else None
         blocks.append(format_sample(index, inputs, labels[0].tolist(), positions, tokenizer, sequences))
+    if len(blocks) < count:
+        blocks.append(f"=== rank 0's rows end after {len(blocks)} sample(s) ===")
     return "\n\n".join(blocks)
 
 

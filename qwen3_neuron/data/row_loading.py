@@ -1,9 +1,14 @@
 """Where rows come from: local files or a data set in the local HF cache, through `datasets`.
 
 - `data.files`: a path, a glob or a list of them. The extension picks `datasets`' own builder:
-  .jsonl/.json -> json, .parquet, .csv, .arrow, .txt -> text (`data.txt_sample_by`: one row per
-  blank-line-separated paragraph by default, or per file, or per line). A directory written by
-  `Dataset.save_to_disk` is opened with `load_from_disk`.
+  .parquet, .csv, .arrow, .txt -> text (`data.txt_sample_by`: one row per blank-line-separated
+  paragraph by default, or per file, or per line). A directory written by `Dataset.save_to_disk`
+  is opened with `load_from_disk`. JSON (.jsonl, or a .json array) is read with the standard
+  library instead: `datasets`' JSON reader fixes its columns from the first rows (a `tools` key
+  that only some rows carry stops it) and names a malformed row by its byte offset in a chunk.
+  Each JSON row travels through `datasets` as its text with its file and line, and becomes the
+  object the file holds when it is read (`read_row`): keys absent stay absent, and a malformed
+  row is named by its file and 1-based line.
 - `data.hf_dataset` (+ `hf_config`, `split`): a Hub id read from the local cache only; runs stay
   offline, and a missing one stops with the command that downloads it.
 
@@ -21,12 +26,17 @@ from __future__ import annotations
 
 import glob
 import itertools
+import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from qwen3_neuron.errors import ConfigError
+
+# a JSON row in `datasets`: its text, its file, and where in the file ("line 7", or "item 3" of an array)
+JSON_TEXT, JSON_FILE, JSON_AT = "json_text", "json_file", "json_at"
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text", ".arrow": "arrow"}
 SAVED_DIR_FILES = ("dataset_info.json", "dataset_dict.json", "state.json")  # what save_to_disk writes
@@ -101,9 +111,72 @@ def load_rows(source, *, streaming: bool, cache_dir: str | None) -> Any:
                 raise ConfigError(f"data.split={source.split}: {files[0]} has splits {', '.join(rows)}")
             rows = rows[source.split]
         return rows.to_iterable_dataset() if streaming else rows
+    if builder == "json":
+        return _load_json(files, streaming, cache_dir)
     kwargs = {"sample_by": source.txt_sample_by} if builder == "text" else {}
     return datasets.load_dataset(
         builder, data_files=files, split="train", streaming=streaming, cache_dir=cache_dir, **kwargs
+    )
+
+
+class RowError(ValueError):
+    """A row that cannot be read as the object it should be; the message says where and why."""
+
+
+def read_row(example: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The row `datasets` handed out, as the data set ships it, and where it is in its file
+    ("/data/chats.jsonl line 7"; None for the formats `datasets` reads itself)."""
+    if JSON_TEXT not in example:
+        return dict(example), None
+    where = f"{example[JSON_FILE]} {example[JSON_AT]}"
+    return parse_json_row(example[JSON_TEXT], where), where
+
+
+def parse_json_row(text: str, where: str) -> dict[str, Any]:
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RowError(f"{where}: not JSON ({e.msg.removesuffix(' at')} at column {e.colno}): {text!r:.80}") from None
+    if not isinstance(row, dict):
+        raise RowError(f"{where}: a row must be a JSON object {{...}}, got {type(row).__name__}: {text.strip()!r:.80}")
+    return row
+
+
+def json_rows(path: str) -> Iterator[tuple[str, str]]:
+    """(text, where in the file) of each row of a JSON lines file, blank lines skipped, or of
+    each item of a file holding one JSON array."""
+    with open(path, encoding="utf-8-sig") as f:
+        head = f.read(4096)
+        if head.lstrip().startswith("["):  # one array: read whole, as any JSON reader must
+            try:
+                items = json.loads(head + f.read())
+            except json.JSONDecodeError as e:
+                raise RowError(f"{path} line {e.lineno}: not JSON ({e.msg.removesuffix(' at')} at column {e.colno})") from None
+            for number, item in enumerate(items, 1):
+                yield json.dumps(item), f"item {number}"
+            return
+        f.seek(0)
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                yield line.rstrip("\r\n"), f"line {number}"
+
+
+def _json_examples(files: list[tuple[str, int, int]]) -> Iterator[dict[str, str]]:
+    for path, _size, _mtime in files:  # size and mtime key datasets' cache: a changed file is read again
+        for text, at in json_rows(path):
+            yield {JSON_TEXT: text, JSON_FILE: path, JSON_AT: at}
+
+
+def _load_json(files: list[str], streaming: bool, cache_dir: str | None) -> Any:
+    """JSON rows, map-style (an Arrow cache in `cache_dir`) or streamed, one shard per file."""
+    import datasets
+
+    stamped = [(path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for path in files]
+    features = datasets.Features({name: datasets.Value("string") for name in (JSON_TEXT, JSON_FILE, JSON_AT)})
+    if streaming:
+        return datasets.IterableDataset.from_generator(_json_examples, features=features, gen_kwargs={"files": stamped})
+    return datasets.Dataset.from_generator(
+        _json_examples, features=features, gen_kwargs={"files": stamped}, cache_dir=cache_dir
     )
 
 
@@ -134,17 +207,24 @@ def _load_hub(source, streaming: bool, cache_dir: str | None) -> Any:
         ) from e
 
 
-def first_rows(source, n: int, files_key: str = "data.files") -> list[dict[str, Any]]:
-    """The first `n` rows of the source, read as a stream (the files are opened, never scanned)."""
+def first_rows(source, n: int, files_key: str = "data.files") -> list[tuple[dict[str, Any], str]]:
+    """The first `n` rows of the source and where each is ("/data/chats.jsonl line 7", "row 3 of
+    notes.parquet"), read as a stream (the files are opened, never scanned)."""
     if not source.hf_dataset:
         files = resolve_files(source.files, files_key)
         empty = [f for f in files if os.path.isfile(f) and os.path.getsize(f) == 0]
         if empty:
             raise ConfigError(f"{files_key}: '{empty[0]}' is empty (no rows)")
+        if _builder_of(files, files_key) == "json":
+            try:
+                placed = itertools.islice(((text, f"{path} {at}") for path in files for text, at in json_rows(path)), n)
+                return [(parse_json_row(text, where), where) for text, where in placed]
+            except RowError as e:
+                raise ConfigError(str(e)) from None
     with tempfile.TemporaryDirectory(prefix="qwen3-neuron-peek-") as scratch:  # datasets' lock files
         try:
             rows = load_rows(source, streaming=True, cache_dir=scratch)
-            return [dict(row) for row in itertools.islice(iter(rows), n)]
+            return [(dict(row), f"row {i} of {source.name()}") for i, row in enumerate(itertools.islice(iter(rows), n), 1)]
         except ConfigError:
             raise
         except StopIteration:

@@ -121,7 +121,7 @@ def make_plan(
     _check_export(config, settings)
     _check_local_paths(config)
     completion_tokens = settings.grpo.max_completion_length if settings.data.kind == "prompts" else 0
-    check_data(config, world_size, completion_tokens)  # first rows only: fields, conversations, chat template, validation set
+    check_data(config, world_size, completion_tokens, warn)  # first rows only: fields, conversations, chat template, validation set
     model_on_meta = meta_model(config)  # built once for the LoRA note, the counts and the estimate
     if settings.finetune.method == "lora":
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))

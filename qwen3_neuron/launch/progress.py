@@ -2,7 +2,9 @@
 
     [qwen3-neuron] #2 model=moe  step 3/5  loss 7.2871  val 7.3012 (step 2)  tok/s 1,234  mfu 1.20%  ETA 0:00:04
 
-(`val`: the last validation loss and the step it was measured at, when the run validates.)
+(`val`: the last validation loss and the step it was measured at, when the run validates;
+`rows not trained`: rank 0's share of the rows it read that were dropped or skipped, once above
+1 % - the end-of-run lines say which and why.)
 
 A thread polls the file (every 0.5 s) while torchrun runs. On a terminal the line is rewritten in
 place (`\\r`); otherwise (a pipe, a CI log) one plain line is printed per logged step, once the
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 POLL_SECONDS = 0.5
+WARN_NOT_TRAINED = 0.01  # as the end-of-run lines (report.summary): a share of rows dropped or skipped
 PREFIX = "[qwen3-neuron]"
 
 
@@ -121,6 +124,8 @@ class Progress:
             parts.append(f"tok/s {last['tokens_per_second']:,.0f}")
         if last.get("mfu") is not None:
             parts.append(f"mfu {100 * last['mfu']:.2f}%")
+        if last.get("rows_not_trained", 0) > WARN_NOT_TRAINED:
+            parts.append(f"WARNING {100 * last['rows_not_trained']:.1f}% rows not trained")
         eta = self._eta()
         parts.append(f"ETA {_clock(eta)}" if eta is not None else "ETA --")
         return f"{PREFIX}{label}  " + "  ".join(parts)

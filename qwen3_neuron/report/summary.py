@@ -212,10 +212,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         if summary.get("memory_estimate_gib"):
             ratio = f"; estimate / tracked {summary['memory_estimate_gib'] / summary['tracked_peak_gib']:.2f}"
         lines.append(f"memory of step {summary['tracked_step']} at its peak (every live tensor, GiB): {shown}{ratio}")
-    if summary.get("packing_efficiency") is not None:
-        buffered = summary["data_stats"]["buffered_documents"]
-        lines.append(f"data: packing efficiency {summary['packing_efficiency']:.4f} (the share of tokens that is not "
-                     f"padding); {buffered:,} documents read but not trained on (still buffered)")  # fmt: skip
+    if summary.get("data_stats"):
+        lines += data_lines(summary["data_stats"])
     compiled = summary.get("compiled")
     if compiled:  # what torch.compile did in the workers: a recompile per step shows here
         lines.append(f"compiled ({compiled['backend']}): {compiled['graphs']} graph(s) on {compiled['ranks_with_graphs']} "
@@ -230,6 +228,39 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     if summary.get("eval_error"):
         lines.append(f"eval error (the run and its export are kept): {summary['eval_error']}")
     return lines
+
+
+WARN_NOT_TRAINED = 0.01  # a share of rows dropped or skipped above this is a warning at the end of a run
+# what each fate of a row means, for the user
+FATES = {
+    "dropped": "too long for training.seq_len or nothing left to train",
+    "skipped": "cannot be read as the data kind's row",
+    "truncated": "kept, cut to training.seq_len",
+    "split": "kept, run on across samples",
+}
+
+
+def data_lines(stats: dict[str, Any]) -> list[str]:
+    """Every row read, by what happened to it (all ranks), the first of each fate with where and
+    why, and a warning when more than 1 % of them are not trained."""
+    rows, dropped, skipped = stats.get("rows", 0), stats.get("dropped", 0), stats.get("skipped", 0)
+    line = (f"data: {rows:,} rows read: {rows - dropped - skipped:,} kept ({stats.get('truncated', 0):,} of them "
+            f"truncated), {dropped:,} dropped, {skipped:,} skipped")  # fmt: skip
+    if stats.get("packing_efficiency") is not None:
+        line += (f"; packing efficiency {stats['packing_efficiency']:.4f} (the share of tokens that is not padding); "
+                 f"{stats.get('buffered_documents', 0):,} documents read but not trained on (still buffered)")  # fmt: skip
+    lines = [line]
+    if rows and (dropped + skipped) / rows > WARN_NOT_TRAINED:
+        lines.append(f"data: warning: {100 * (dropped + skipped) / rows:.1f} % of the rows read are not trained "
+                     f"(above {100 * WARN_NOT_TRAINED:.0f} %); data.max_dropped sets the share that stops a run")  # fmt: skip
+    for fate, meaning in FATES.items():
+        if stats.get(fate):
+            lines.append(f"  {fate} {stats[fate]:,} ({meaning}):")
+            lines += [f"    {row}" for row in (stats.get("examples") or {}).get(fate, [])[:EXAMPLES_SHOWN]]
+    return lines
+
+
+EXAMPLES_SHOWN = 5  # rows named per fate at the end of a run (summary.json's data_stats has each rank's first)
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ _FIELDS = {
     "tflops": "tflops_per_device",
     "memory/max_reserved(GiB)": "peak_memory_gib",
     "time_metrics/data_loading(%)": "data_loading_pct",  # share of the logged interval spent waiting for data
+    "data/rows_not_trained": "rows_not_trained",  # share of the rows this rank read that were dropped or skipped
 }
 
 
@@ -144,6 +145,7 @@ class RunDirMetricsProcessor(MetricsProcessor):
             )
 
     step_metrics = None  # data=preference: () -> the step's DPO metrics (finetune.dpo_step), on every rank
+    data_stats = None  # data=text|chat|mix|preference: () -> this rank's data counts (PackedDataLoader)
 
     def log(self, step: int, *args, **kwargs) -> None:
         if self._jsonl is not None:
@@ -151,6 +153,10 @@ class RunDirMetricsProcessor(MetricsProcessor):
         if self.step_metrics is not None:
             kwargs["extra_metrics"] = {**(kwargs.get("extra_metrics") or {}), **self.step_metrics()}
             logger.info("[qwen3-neuron objective] step %d: %s", step, _preference_line(kwargs["extra_metrics"]))
+        stats = self.data_stats() if self.data_stats is not None else None
+        if stats and stats["rows"]:
+            not_trained = (stats["dropped"] + stats["skipped"]) / stats["rows"]
+            kwargs["extra_metrics"] = {**(kwargs.get("extra_metrics") or {}), "data/rows_not_trained": not_trained}
         super().log(step, *args, **kwargs)
 
 

@@ -95,6 +95,7 @@ def main(run_dir: Path) -> None:
     exports = exports_hf(config)
     try:
         trainer = config.build()
+        trainer.metrics_processor.data_stats = getattr(trainer.dataloader, "data_stats", None)  # the progress line's
         follow_one_schedule(trainer, schedule_end(config))  # before train() loads a checkpoint
         if handoff and os.environ.get("LOCAL_RANK") == "0":
             handoff.remove_files(run_dir)  # every rank of this node has built: none reads them again
@@ -161,7 +162,7 @@ def _record_data_stats(trainer, run_dir: Path, logger) -> None:
         return
     rank = int(os.environ.get("RANK", "0"))
     write_data_stats(run_dir, rank, stats)
-    counts = ", ".join(f"{k} {v:,}" for k, v in stats.items())
+    counts = ", ".join(f"{k} {v:,}" for k, v in stats.items() if k != "examples")  # those: the end-of-run lines
     efficiency = packing_efficiency(stats)
     if efficiency is not None:
         counts += f", packing efficiency {efficiency:.4f}"

@@ -1,0 +1,194 @@
+"""Rows as data sets ship them, and every row accounted for: in-process, through the data package.
+
+JSON rows whose keys differ from row to row are read as the objects the file holds; a malformed
+one, and every row dropped, truncated or skipped, is named by its file and 1-based line, with
+why, in the counts the end-of-run lines show (all ranks merged); data.max_dropped stops a run
+that would train on too few of its rows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_data import CONVERSATION, datasets_cache_in_tmp, tokenizer, write_jsonl  # noqa: F401 (fixtures)
+
+from qwen3_neuron.data.dataset import PackedDataset
+from qwen3_neuron.data.source import DataSource
+from qwen3_neuron.data.row_loading import first_rows
+from qwen3_neuron.errors import ConfigError, DataError
+from qwen3_neuron.report.summary import summary_lines
+from qwen3_neuron.run_dir import read_data_stats, write_data_stats
+
+TOOL = {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone.",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}  # fmt: skip
+CALL = {"type": "function", "function": {"name": "get_time", "arguments": {"tz": "UTC"}}}
+# the first row carries what the others do not (tools, reasoning, a name, a column of its own)
+SHIPPED = [
+    {"messages": [{"role": "user", "content": "Time?"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                  {"role": "tool", "content": "12:00"},
+                  {"role": "assistant", "content": "Noon.", "reasoning_content": "The tool said 12:00."}],
+     "tools": [TOOL], "id": 7},
+    {"messages": CONVERSATION},
+    {"messages": [{"role": "user", "content": "Hi.", "name": "ann"}, {"role": "assistant", "content": "Hello."}],
+     "source": "forum"},
+]  # fmt: skip
+
+
+def chat(path: Path, **keys) -> DataSource:
+    return DataSource(files=str(path), format="chat", **keys)
+
+
+def test_rows_with_keys_others_lack_are_read_as_the_file_holds_them(tmp_path, tokenizer):
+    """datasets' own JSON reader stops at such a file (KeyError: 'tools'), or pads every row with
+    every key another row has; here each row is the object its line holds."""
+    path = write_jsonl(tmp_path / "chats.jsonl", SHIPPED * 40)  # beyond the rows the plan reads
+    placed = first_rows(chat(path), 4)
+    assert placed == [(row, f"{path} line {i}") for i, row in enumerate([*SHIPPED, SHIPPED[0]], 1)]
+    for streaming in (False, True):
+        dataset = PackedDataset(chat(path), tokenizer, seq_len=512, infinite=False, streaming=streaming)
+        samples = list(dataset)
+        assert dataset.stats["rows"] == dataset.stats["documents"] == 120 and dataset.stats["skipped"] == 0
+        text = tokenizer.decode([int(t) for s, _ in samples for t in s["input"]], skip_special_tokens=False)
+        assert text.count('"name": "get_time", "description"') == 40  # the tools of the rows that have them
+
+
+def test_a_json_array_file_is_read_item_by_item(tmp_path):
+    path = tmp_path / "chats.json"
+    path.write_text(json.dumps(SHIPPED, indent=1))
+    assert first_rows(chat(path), 8) == [(row, f"{path} item {i}") for i, row in enumerate(SHIPPED, 1)]
+
+
+def test_malformed_json_is_named_by_its_file_and_line(tmp_path, tokenizer):
+    good = json.dumps({"messages": CONVERSATION})
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join([good, "", *[good] * 5, good[:40], "[1, 2]", *[good] * 20]) + "\n")  # lines 8, 9
+    with pytest.raises(ConfigError) as error:  # the plan's first rows
+        first_rows(chat(path), 64)
+    assert str(error.value) == f"{path} line 8: not JSON (Unterminated string starting at column 34): {good[:40]!r}"
+    dataset = PackedDataset(chat(path), tokenizer, seq_len=512, infinite=False)  # past the first rows: skipped
+    list(dataset)
+    assert dataset.stats["rows"] == 28 and dataset.stats["skipped"] == 2 and dataset.stats["documents"] == 26
+    assert dataset.data_stats()["examples"]["skipped"] == [
+        f"{path} line 8: not JSON (Unterminated string starting at column 34): {good[:40]!r}",
+        f"{path} line 9: a row must be a JSON object {{...}}, got list: '[1, 2]'",
+    ]
+
+
+LONG_PROMPT = {"messages": [{"role": "user", "content": "why " * 60}, {"role": "assistant", "content": "Because."}]}
+LONG_REPLY = {"messages": [{"role": "user", "content": "Talk."}, {"role": "assistant", "content": "word " * 120}]}
+
+
+def test_each_row_dropped_or_truncated_is_named_with_why(tmp_path, tokenizer):
+    rows = [{"messages": CONVERSATION}, LONG_PROMPT, LONG_REPLY, *[{"messages": CONVERSATION}] * 10]
+    path = write_jsonl(tmp_path / "chats.jsonl", rows)
+    dataset = PackedDataset(chat(path), tokenizer, seq_len=100, infinite=False)
+    list(dataset)
+    stats = dataset.data_stats()
+    assert {k: stats[k] for k in ("rows", "documents", "truncated", "dropped", "skipped")} == {
+        "rows": 13, "documents": 12, "truncated": 1, "dropped": 1, "skipped": 0}  # fmt: skip
+    assert stats["examples"] == {
+        "dropped": [f"{path} line 2: the prompt alone is 132 tokens (before its first assistant token), "
+                    "training.seq_len 100: cut there, nothing of it would be trained"],
+        "truncated": [f"{path} line 3: 151 tokens, cut to training.seq_len 100"],
+    }  # fmt: skip
+
+
+def test_data_max_dropped_stops_the_run_naming_the_first_row(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}, LONG_PROMPT] * 3)
+    with pytest.raises(DataError) as error:
+        list(PackedDataset(chat(path), tokenizer, seq_len=100, infinite=False))
+    assert str(error.value) == (
+        f"{path}: 3 of the 6 rows rank 0 read are not trained (50.0 %, more than data.max_dropped=0.1); the first: "
+        f"{path} line 2: the prompt alone is 132 tokens (before its first assistant token), training.seq_len 100: cut "
+        "there, nothing of it would be trained. Raise training.seq_len, fix or leave out those rows, or raise "
+        "data.max_dropped"
+    )
+    allowed = PackedDataset(chat(path, max_dropped=0.5), tokenizer, seq_len=100, infinite=False)
+    list(allowed)
+    assert allowed.stats["dropped"] == 3
+
+
+def test_the_end_of_run_lines_account_for_every_row_of_every_rank(tmp_path):
+    """Rank by rank counts and first rows, merged; above 1 % not trained is a warning."""
+    def rank_stats(dropped: list[str], truncated: list[str]) -> dict:
+        return {"rows": 100, "documents": 100 - len(dropped), "truncated": len(truncated), "dropped": len(dropped),
+                "split": 0, "skipped": 0, "tokens": 1000, "label_tokens": 500, "padding_tokens": 10,
+                "buffered_documents": 3, "examples": {"dropped": dropped, "truncated": truncated}}  # fmt: skip
+
+    write_data_stats(tmp_path, 0, rank_stats(["a.jsonl line 2: why 2"], ["a.jsonl line 5: long"]))
+    write_data_stats(tmp_path, 1, rank_stats(["a.jsonl line 3: why 3", "a.jsonl line 9: why 9"], []))
+    merged = read_data_stats(tmp_path)
+    assert merged["rows"] == 200 and merged["dropped"] == 3
+    assert merged["examples"] == {"dropped": ["a.jsonl line 2: why 2", "a.jsonl line 3: why 3", "a.jsonl line 9: why 9"],
+                                  "truncated": ["a.jsonl line 5: long"]}  # fmt: skip
+    summary = {"status": "completed", "steps": 3, "wall_seconds": 1.0, "first_loss": None, "data_stats": merged,
+               "packing_efficiency": merged["packing_efficiency"]}  # fmt: skip
+    assert summary_lines(summary)[1:] == [
+        "data: 200 rows read: 197 kept (1 of them truncated), 3 dropped, 0 skipped; packing efficiency 0.9900 "
+        "(the share of tokens that is not padding); 6 documents read but not trained on (still buffered)",
+        "data: warning: 1.5 % of the rows read are not trained (above 1 %); data.max_dropped sets the share "
+        "that stops a run",
+        "  dropped 3 (too long for training.seq_len or nothing left to train):",
+        "    a.jsonl line 2: why 2",
+        "    a.jsonl line 3: why 3",
+        "    a.jsonl line 9: why 9",
+        "  truncated 1 (kept, cut to training.seq_len):",
+        "    a.jsonl line 5: long",
+    ]
+
+
+def test_the_plan_says_what_the_first_rows_lose_at_this_seq_len(tmp_path, assets):
+    from conftest import compose_job
+
+    from qwen3_neuron.job.plan import make_plan
+
+    rows = [{"messages": CONVERSATION}, LONG_PROMPT, LONG_REPLY, {"messages": CONVERSATION}]
+    path = write_jsonl(tmp_path / "chats.jsonl", rows)
+    said = []
+    make_plan(compose_job("data=chat", f"data.files={path}", "data.val_files=null", "training.seq_len=100",
+                          "data.max_dropped=0.5"), tmp_path / "run", warn=said.append)  # fmt: skip
+    assert [line for line in said if " data: " in line] == [
+        f"[qwen3-neuron] data: of the 4 rows of {path} at training.seq_len 100, 1 would be truncated and 1 dropped "
+        f"(e.g. {path} line 2: the prompt alone is 132 tokens (before its first assistant token), training.seq_len "
+        f"100: cut there, nothing of it would be trained; {path} line 3: 151 tokens, cut to training.seq_len 100)"
+    ]
+
+
+def test_show_data_reads_the_rows_once_and_never_packs_a_conversation_twice(tmp_path, assets, caplog):
+    """A preview longer than a small file: one sample holding each conversation once, no re-loop."""
+    from conftest import compose_job
+
+    from qwen3_neuron.data.preview import show_samples
+    from qwen3_neuron.job.plan import make_plan
+
+    replies = [f"Reply number {i}." for i in range(3)]
+    rows = [{"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": r}]} for r in replies]
+    path = write_jsonl(tmp_path / "chats.jsonl", rows)
+    plan = make_plan(compose_job("data=chat", f"data.files={path}", "data.val_files=null", "run.show_data=3"),
+                     tmp_path / "run")  # fmt: skip
+    text = show_samples(plan.trainer_config, 3, dp_world_size=1)
+    assert text.startswith("=== sample 1 of rank 0: 3 document(s)") and "=== sample 2" not in text
+    assert [text.count(reply) for reply in replies] == [1, 1, 1]
+    assert text.endswith("=== rank 0's rows end after 1 sample(s) ===")
+    assert "re-looped" not in caplog.text
+
+
+def test_the_progress_line_warns_once_more_than_1_percent_of_rows_go_untrained(tmp_path):
+    """Rank 0's share, as its metrics.jsonl records it (worker.metrics), read by the launcher."""
+    import io
+
+    from qwen3_neuron.launch.progress import Progress
+    from qwen3_neuron.worker.metrics import JsonlLogger
+
+    metrics = tmp_path / "metrics.jsonl"
+    writer = JsonlLogger(str(metrics), world_size=1)
+    progress = Progress(metrics, total_steps=3, stream=io.StringIO())
+    writer.log({"loss_metrics/global_avg_loss": 7.0, "data/rows_not_trained": 0.01}, step=1)
+    progress._poll()
+    assert "rows not trained" not in progress.line()
+    writer.log({"loss_metrics/global_avg_loss": 6.9, "data/rows_not_trained": 0.3314}, step=2)
+    progress._poll()
+    assert progress.line().startswith("[qwen3-neuron]  step 2/3  loss 6.9000  WARNING 33.1% rows not trained  ETA ")
+    writer.close()
