@@ -323,11 +323,11 @@ ANSWERS = [
     (["-m", "qwen3_neuron.chat", "{tiny_dir}", "--device", "cuda"], 2,
      "error: --device cuda is not available: this torch ({torch}) is a CPU-only build. Install a CUDA build, e.g. "
      "`pip install torch --index-url https://download.pytorch.org/whl/cu128`, on a machine with an NVIDIA GPU."),
-    # found by a worker while it reads the data: carried back as its sentence (one rank: the same every time)
+    # a seq_len that leaves nothing to train: found in the plan's first rows, before torchrun starts
     (["launch.py", "data=chat", "data.overlong=drop", "training.seq_len=32", "run.nproc_per_node=1"], 2,
-     "Data error: data source {chat_file}: none of the 545 rows of rank 0 became a document (counts: {{'rows': 545, "
-     "'documents': 0, 'truncated': 0, 'dropped': 545, 'split': 0, 'skipped': 0, 'tokens': 0, 'label_tokens': 0, "
-     "'padding_tokens': 0}}); raise training.seq_len or see data.overlong"),
+     "Config error: training.seq_len=32: none of the first 64 rows of {chat_file} keeps a token to train on; the "
+     "first: {chat_file} line 1: 132 tokens, training.seq_len 32 (data.overlong=drop). Raise training.seq_len or set "
+     "data.overlong=truncate"),
 ]  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from qwen3_neuron.data.chat_rows import SHAREGPT_ROLES, ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.source import DataSource
+from qwen3_neuron.hf_io.chat_command import MAX_NEW_TOKENS, Reply
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
@@ -130,7 +131,7 @@ class RecordingChat:
 
     def reply(self, messages, tools=None, **generate_kwargs):
         self.calls.append(([dict(m) for m in messages], tools, generate_kwargs))
-        return f"<think>\nthinking {len(self.calls)}\n</think>\n\nanswer {len(self.calls)}"
+        return Reply(f"<think>\nthinking {len(self.calls)}\n</think>\n\nanswer {len(self.calls)}", cut=False)
 
 
 def chat_command(monkeypatch, capsys, *args: str, typed: str = "") -> tuple[int, list[str], RecordingChat]:
@@ -157,7 +158,7 @@ def test_the_chat_command_keeps_the_conversation_and_reset_clears_it_to_the_syst
         [system, user("Hello."), {"role": "assistant", "content": "answer 1"}, user("And then?")],
         [system, user("Again.")],  # after /reset: the system message only
     ]
-    assert all(t == TOOLS and kw == {"max_new_tokens": 256, "do_sample": False} for _, t, kw in chat.calls)
+    assert all(t == TOOLS and kw == {"max_new_tokens": MAX_NEW_TOKENS, "do_sample": False} for _, t, kw in chat.calls)
     assert out[1:] == ["you> answer 1", "you> answer 2", "you> you> answer 3", "you> "]  # the answer, not its reasoning
 
 
@@ -170,7 +171,7 @@ def test_the_chat_command_one_shot_shows_reasoning_and_samples_on_request(tmp_pa
                            {"max_new_tokens": 9, "do_sample": True, "temperature": 0.7, "top_k": 5})]  # fmt: skip
     # greedy (no --do_sample): the sampling flags are not passed on
     code, out, chat = chat_command(monkeypatch, capsys, str(tmp_path), "--prompt", "Hi?", "--temperature", "0.7")
-    assert (code, out, chat.calls[0][2]) == (0, ["answer 1"], {"max_new_tokens": 256, "do_sample": False})
+    assert (code, out, chat.calls[0][2]) == (0, ["answer 1"], {"max_new_tokens": MAX_NEW_TOKENS, "do_sample": False})
 
 
 def test_the_chat_command_refuses_tools_that_are_not_a_list(tmp_path, monkeypatch, capsys):
@@ -204,7 +205,7 @@ def test_chat_renders_system_and_tools_with_the_template_and_stops_a_base_model_
 
     chat.model.generate = generate
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}]
-    assert chat.reply(messages, TOOLS, max_new_tokens=5) == "<think>\n\n</think>\n\nFine."
+    assert chat.reply(messages, TOOLS, max_new_tokens=5).text == "<think>\n\n</think>\n\nFine."
     assert seen["prompt"] == tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True,
                                                            tokenize=False)  # fmt: skip
     assert "Be brief." in seen["prompt"] and '"name": "get_weather"' in seen["prompt"]

@@ -332,7 +332,7 @@ def test_dpo_metrics_reach_the_summary_the_sweep_table_the_objective_and_the_pro
     progress = Progress(tmp_path / "0" / "metrics.jsonl", total_steps=2, stream=out)
     progress._poll()
     progress.stop()
-    assert "step 2/2  loss 0.4000  val 0.4500  acc 0.75  margin 0.500" in out.getvalue()
+    assert "step 2/2  loss 0.4000  val 0.4500 (step 2)  acc 0.75  margin 0.500" in out.getvalue()
 
 
 # ---- the training seam (finetune/dpo_step.py), in-process -------------------------------------

@@ -131,12 +131,12 @@ def test_a_torchtitan_lacking_an_api_stops_the_workers_plan_naming_it(tmp_path, 
     with pytest.raises(SystemExit) as stopped:
         plan_for_the_launcher(run_dir, handoff, request)
     assert stopped.value.code == PLAN_FAILED_EXIT
-    assert handoff.files(run_dir)["error"].read_text() == (
+    assert json.loads(handoff.files(run_dir)["error"].read_text()) == {"label": "Config error", "message": (
         f"the installed torchtitan ({importlib.metadata.version('torchtitan')}) lacks what this project uses: "
         "the LoRA converter (no torchtitan.components.lora.LoRAConverter; needed for finetune=lora (its module "
         "is imported by every run's build)). The project is written against upstream torchtitan 0.3.0 "
         "(pip install torchtitan==0.3.0); AWS's torchtitan-neuron works where it has these APIs."
-    )
+    )}
 
 
 def test_an_api_is_asked_for_only_by_the_runs_that_use_it_and_a_module_that_fails_says_why():

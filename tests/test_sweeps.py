@@ -375,7 +375,7 @@ def test_progress_prints_each_step_once_with_its_validation(tmp_path):
     log({"step": 2, "loss": 7.0, "elapsed_seconds": 2.0}, {"step": 3, "loss": 6.5, "elapsed_seconds": 3.0})
     progress.stop()
     steps = [line.split("  ")[1] + "  " + line.split("  ")[3] for line in out.getvalue().splitlines()]
-    assert steps == ["step 1/3  val 7.2500", "step 2/3  val 7.2500", "step 3/3  val 7.2500"]
+    assert steps == ["step 1/3  val 7.2500 (step 1)", "step 2/3  val 7.2500 (step 1)", "step 3/3  val 7.2500 (step 1)"]
 
 
 def test_progress_redraws_one_line_on_a_terminal(tmp_path):

@@ -7,6 +7,7 @@ import json
 import math
 import re
 import statistics
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -264,7 +265,11 @@ EXAMPLES_SHOWN = 5  # rows named per fate at the end of a run (summary.json's da
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    write_json(run_dir / SUMMARY_FILE, summary)
+    """summary.json, whole or not at all; a full disk is said, and the job's outcome stands."""
+    try:
+        write_json(run_dir / SUMMARY_FILE, summary)
+    except OSError as e:
+        print(f"[qwen3-neuron] {run_dir / SUMMARY_FILE} could not be written: {e.strerror}", file=sys.stderr)
 
 
 def sweep_job_value(
