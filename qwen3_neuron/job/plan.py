@@ -222,10 +222,14 @@ def _check_lora_base(config: Trainer.Config, kind: str) -> None:
     )
 
 
+def _loads_starting_weights(checkpoint) -> bool:
+    """DPO and GRPO start from a model that already answers: the run must load one."""
+    return bool(checkpoint.enable and (checkpoint.initial_load_in_hf or checkpoint.initial_load_path))
+
+
 def _check_preference(config: Trainer.Config, settings: Settings, world_size: int) -> None:
     """data=preference: DPO tunes a model that already answers, against that model as it started."""
-    checkpoint = config.checkpoint
-    if not (checkpoint.enable and (checkpoint.initial_load_in_hf or checkpoint.initial_load_path)):
+    if not _loads_starting_weights(config.checkpoint):
         raise ConfigError(
             "data=preference tunes a model against itself as it starts (the DPO reference), but nothing "
             "loads weights: it would start from a random init. Add checkpointing=from_hf (e.g. "
@@ -247,8 +251,7 @@ def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int) -> 
 
     grpo = settings.grpo
     load_rewards(grpo.rewards, grpo.reward_weights)  # importable, callable, one weight each
-    checkpoint = config.checkpoint
-    if not (checkpoint.enable and (checkpoint.initial_load_in_hf or checkpoint.initial_load_path)):
+    if not _loads_starting_weights(config.checkpoint):
         raise ConfigError(
             "data=prompts samples completions from the model and rewards the better ones, but nothing loads "
             "weights: a random init writes nothing a reward can tell apart. Add checkpointing=from_hf (e.g. "
