@@ -50,8 +50,8 @@ test: setup
 	bash scripts/install_slurm.sh   # a local SLURM for tests/test_slurm.py (skips, saying why, if it cannot)
 	# two test processes, a test file each at a time (tests/conftest.py: files sharing a trained
 	# run together, the longest first): a launch leaves a core idle for much of its start-up,
-	# which the other process's launch then uses
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder $(ARGS)
+	# which the other process's launch then uses. --durations: the times LONGEST_FIRST is ordered by
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=40 $(ARGS)
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration" $(ARGS)

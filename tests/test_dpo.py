@@ -11,8 +11,9 @@ import random
 
 import pytest
 import torch
-from conftest import read_jsonl, trained
+from conftest import launch, read_jsonl, trained
 from test_data import spans_of
+from test_resume import as_of_checkpoint
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from qwen3_neuron.assets.build import PREFERENCE_CHOSEN
@@ -214,14 +215,17 @@ def held_out_questions(assets) -> list[str]:
 # per rank and step, 32 steps, DPO plus TRL's SFT term (from an untrained model pure DPO mostly
 # pushes the rejected replies down and the chosen one stays unlikely; the NLL term makes it the
 # reply the model generates); held-out pairs validated once, at the last step; the policy exported.
+# A checkpoint every 8 steps (saving changes no loss): the resume test starts from one.
 SFT_WEIGHT = 1.0
-DPO_LORA = ("experiment=cpu_qwen3_tiny_dpo", f"preference.sft_weight={SFT_WEIGHT}", "validator.freq=32",
+DPO_LORA = ("experiment=cpu_qwen3_tiny_dpo", f"preference.sft_weight={SFT_WEIGHT}",
+            "checkpointing=[from_hf,export_hf,periodic]", "checkpoint.interval=8", "validator.freq=32",
             "validator.steps=1")  # fmt: skip
 
 
 # finetune=full: the reference is a frozen copy of the starting weights; one rank, 24 steps.
 DPO_FULL = (*DPO_LORA[:-2], "finetune=full", "optimizer.lr=1e-3", "training.steps=24", "run.nproc_per_node=1",
             "validator.freq=24", "validator.steps=1")  # fmt: skip
+RESUMED_FROM = {"lora": 24, "full": 16}  # the newest checkpoint before the last step
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +296,35 @@ def test_a_dpo_run_starts_at_ln2_learns_the_preference_and_exports_the_tuned_pol
         output = tuned.generate(**inputs, max_new_tokens=24, do_sample=False, eos_token_id=im_end)
         reply = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=False)
         assert reply == f"<think>\n\n</think>\n\n{CHOSEN}<|im_end|>", question
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_a_resumed_dpo_run_ends_on_the_uninterrupted_runs_losses_rewards_and_export(request, kind, tmp_path):
+    """The run's dir as it stood after a checkpoint, resumed (kill -9 itself: tests/test_resume.py):
+    the adapters or weights, the optimizer, the data position and, for finetune=full, the frozen
+    reference come back (the reference is a checkpoint state of its own: taken again at the
+    resume, it would be the resumed policy, and every reward would start again from 0), and the
+    remaining steps are the uninterrupted run's, bit for bit."""
+    from safetensors.torch import load_file
+
+    run, _ = request.getfixturevalue(f"dpo_{kind}_run")
+    step = RESUMED_FROM[kind]
+    copy = as_of_checkpoint(run, tmp_path / "run", step=step)
+    result = launch(None, f"run.resume={copy}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"continuing from checkpoint step-{step}" in result.stdout + result.stderr
+    fields = ("loss", "chosen_nll", "rewards_chosen", "rewards_rejected", "reward_margin", "reward_accuracy", "pairs")
+    resumed, uninterrupted = ({r["step"]: [r[f] for f in fields] for r in read_jsonl(d / "metrics.jsonl") if "loss" in r}
+                              for d in (copy, run))  # fmt: skip
+    assert sorted(resumed) == sorted(uninterrupted)
+    assert [resumed[s] for s in sorted(resumed) if s > step] == [uninterrupted[s] for s in sorted(resumed) if s > step]
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (copy, run)]
+    for key in ("final_loss", "val_loss", "val_reward_accuracy", "reward_margin"):
+        assert summaries[0][key] == summaries[1][key], key
+    exported = [load_file(d / "hf_export" / "model.safetensors") for d in (copy, run)]
+    assert exported[0].keys() == exported[1].keys()
+    assert all(torch.equal(exported[0][k], exported[1][k]) for k in exported[1])
 
 
 # ---- the DPO metrics in the summary, the sweep table, the objective and the progress line -------

@@ -109,3 +109,25 @@ def test_extending_a_run_that_only_exported_says_it_cannot_and_why(tmp_path):
         "optimizer, learning-rate schedule or data position a resume continues with. To train on from those "
         "weights: a new run with checkpointing=[from_hf,...] checkpoint.initial_load_path=<its hf_export dir>."
     )
+
+
+def test_a_resume_keeps_the_recorded_rank_count_and_refuses_another(tmp_path):
+    """A run launched with run.nproc_per_node=1 resumes on 1 rank though the resuming command does
+    not say it (its data position is saved per rank: on 2, rank 1 would find none); setting
+    another rank count is refused. Other run.* settings the command sets are this launch's."""
+    OmegaConf.save(OmegaConf.create(compose_config("checkpointing=periodic", "run.nproc_per_node=1",
+                                                   "run.memory_check=warn")), tmp_path / "job.yaml")  # fmt: skip
+    (tmp_path / "checkpoint" / "step-10").mkdir(parents=True)
+    (tmp_path / "checkpoint" / "step-10" / ".metadata").touch()
+    typed = [f"run.resume={tmp_path}", "run.verbose=true"]
+    resumed = resumed_config(tmp_path, compose_config(*typed), typed)["run"]
+    assert (resumed["nproc_per_node"], resumed["memory_check"], resumed["verbose"]) == (1, "warn", True)
+    assert resumed["resume"] == str(tmp_path)
+    typed = [f"run.resume={tmp_path}", "run.nproc_per_node=2"]
+    with pytest.raises(ConfigError) as refused:
+        resumed_config(tmp_path, compose_config(*typed), typed)
+    assert str(refused.value) == (
+        "run.resume continues the recorded config, but this command changes 'run.nproc_per_node' (1 -> 2). "
+        "Only run.* (not the rank count: the data position is saved per rank), training.steps, "
+        "checkpoint.load_step and eval.* may change."
+    )

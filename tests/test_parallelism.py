@@ -425,6 +425,15 @@ def test_each_layout_on_two_ranks_trains_10_steps_like_one_rank(tmp_path, assets
 
 
 @pytest.mark.integration
+def test_the_same_moe_run_again_gives_the_same_losses_bit_for_bit(tmp_path, assets, moe_one_rank):
+    """Same config, same seed, one thread: the README's promise, on the model whose routing can
+    turn a last-bit difference into another expert's output."""
+    again = numerics_run(tmp_path / "again", MOE, assets.tiny_qwen3_moe_dir, "kernels=none", *SINGLE, threads=1)
+    ran, first = read_jsonl(again / "metrics.jsonl"), read_jsonl(moe_one_rank / "metrics.jsonl")
+    assert [(r["loss"], r["grad_norm"]) for r in ran] == [(r["loss"], r["grad_norm"]) for r in first]
+
+
+@pytest.mark.integration
 def test_one_rank_reports_its_own_speed(dense_one_rank, moe_one_rank):
     for run_dir in (dense_one_rank, moe_one_rank):
         assert_job_wide_speed(run_dir, ranks=1)

@@ -2,7 +2,8 @@
 
 The run continues with the config it recorded (`job.yaml`), in its own run dir, so torchtitan's
 checkpoint manager finds its `step-N` folders there and restores model, optimizer, scheduler,
-data position and step. What the resuming command line may change: `run.*` and `training.steps`
+data position and step. What the resuming command line may change: `run.*` but the rank count
+(the recorded launch settings stay unless the command sets them) and `training.steps`
 (to train longer), `checkpoint.load_step` (which checkpoint, for this launch only), `eval.*` (what
 to evaluate after training; a completed run is only evaluated: eval/completed_run.py); anything else it
 sets must equal the recorded value, or the plan refuses.
@@ -25,6 +26,8 @@ from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.run_dir import JOB_FILE, TRAINER_CONFIG_FILE, complete_steps, read_job
 
 CHANGEABLE_ON_RESUME = ("run", "training.steps", "checkpoint.load_step", "hydra", "eval")
+# the data position is saved per data-parallel rank: a resume runs on the ranks the run trained on
+KEPT_ON_RESUME = ("run.nproc_per_node", "run.nnodes")
 
 
 def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: list[str]) -> dict[str, Any]:
@@ -47,7 +50,12 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
         )
     _refuse_changes(run_dir, recorded, composed, typed_overrides)
     resumed = copy.deepcopy(recorded)
-    resumed["run"] = dict(composed["run"])
+    # run.*: the recorded launch settings (its rank count among them), and what this command sets
+    typed_run = {key.split(".", 1)[1] for key in _typed_keys(typed_overrides) if key.startswith("run.")}
+    resumed["run"] = {**recorded.get("run", {}), **{k: v for k, v in composed["run"].items() if k in typed_run}}
+    resumed["run"]["resume"] = composed["run"]["resume"]
+    for launch_only in ("dry_run", "show_data"):  # this launch's, never the recorded one's
+        resumed["run"][launch_only] = composed["run"][launch_only]
     resumed["training"]["steps"] = composed["training"]["steps"] if _typed("training.steps", typed_overrides) else recorded["training"]["steps"]
     if resumed["training"]["steps"] != recorded["training"]["steps"]:  # the schedule the run was planned with
         resumed.setdefault("lr_scheduler", {})["total_steps"] = planned_schedule_end(run_dir, recorded)
@@ -87,7 +95,7 @@ def resume_step(run_dir: Path, resumed: Mapping) -> int:
 
 def _refuse_changes(run_dir: Path, recorded: Mapping, composed: Mapping, typed_overrides: list[str]) -> None:
     for key in _typed_keys(typed_overrides):
-        if key.startswith(CHANGEABLE_ON_RESUME):
+        if key.startswith(CHANGEABLE_ON_RESUME) and key not in KEPT_ON_RESUME:
             continue
         before = OmegaConf.select(OmegaConf.create(recorded), key, default=None)
         after = OmegaConf.select(OmegaConf.create(dict(composed)), key, default=None)
@@ -95,8 +103,8 @@ def _refuse_changes(run_dir: Path, recorded: Mapping, composed: Mapping, typed_o
             shown = repr(_plain(before)) if before is not None else _trained_value(run_dir, key)
             raise ConfigError(
                 f"run.resume continues the recorded config, but this command changes '{key}' "
-                f"({shown} -> {_plain(after)!r}). Only run.*, training.steps, "
-                "checkpoint.load_step and eval.* may change."
+                f"({shown} -> {_plain(after)!r}). Only run.* (not the rank count: the data position "
+                "is saved per rank), training.steps, checkpoint.load_step and eval.* may change."
             )
 
 
