@@ -36,7 +36,9 @@ def test_the_estimate_is_within_a_tenth_of_a_real_vocabulary_steps_tracked_peak(
     estimate = json.loads((run / "memory_estimate.json").read_text())
     # AdamW's two float32 states of every parameter (42 M, 92 % of them the embedding) were live
     assert record["by_category_gib"]["optimizer"] == pytest.approx(2 * estimate["parameters_gib"], rel=1e-3)
-    assert estimate["peak_at"] == "the loss"
+    # at seq_len 128 a loss chunk is 32 tokens: the lm_head's weight-sized gradient buffers are the
+    # peak (temporaries: the same bytes at seq_len 128, 256 and 512, measured)
+    assert estimate["peak_at"] == "the lm_head's gradient reduce-scatter"
     assert summary["memory_estimate_gib"] == pytest.approx(summary["tracked_peak_gib"], rel=0.10), record
 
 

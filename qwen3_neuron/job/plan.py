@@ -127,7 +127,8 @@ def make_plan(
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
     parameters = parameter_counts(model_on_meta)
     frozen_reference = settings.data.kind == "preference" and settings.finetune.method == "full"
-    memory = estimate_memory(config, world_size, device, nproc, model_on_meta, frozen_reference)
+    logprobs = settings.data.kind in ("preference", "prompts")  # DPO's and GRPO's loss
+    memory = estimate_memory(config, world_size, device, nproc, model_on_meta, frozen_reference, logprobs)
     refusal = None
     try:
         check_fit(memory, config, settings.run.memory_check, warn=warn)

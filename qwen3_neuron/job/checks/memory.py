@@ -2,15 +2,17 @@
 Trainer.Config.
 
     per rank = parameters + optimizer states (+ DPO's frozen reference)   (local shards, exact sizes)
-             + the largest of the step's three moments:
+             + the largest of the step's moments:
                at the loss          activations held for backward + the logits' working memory of
-                                    one loss chunk + the lm_head's weight gradient
+                                    one loss chunk + the lm_head's weight buffers and gradient
+               at the lm_head's     activations + the lm_head's gathered weight and gradient
+               gradient reduce      buffers (FSDP, a trained head; the peak at short sequences)
                early in backward    activations + one block recomputed (activation checkpointing)
                                     + the lm_head's weight gradient
                end of backward      every gradient + the embedding's dense weight gradient in flight
 
 At Qwen3's 151,936-token vocabulary the loss is usually the peak: a chunk's logits, their float32
-log-softmax and their gradients (`LOGIT_COPIES` of [chunk tokens, vocab] float32) beside every
+log-softmax and their gradients (3 to 3.5 [chunk tokens, vocab] float32 copies) beside every
 saved activation. The loss and every per-token log-probability (DPO's, GRPO's) go through lm_head
 a chunk of the sequence at a time (torchtitan's ChunkedLossWrapper, finetune/logprobs.py).
 
@@ -71,9 +73,14 @@ SDPA_ON_BLOCK_MASK = (SDPA_FOR_FLEX_OVERRIDE, NEURON_ATTENTION_OVERRIDE)
 FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"
 LM_HEAD = re.compile(r"(^|\.)(lm_head|output)\.weight$")
 EMBEDDING = re.compile(r"(^|\.)(tok_embeddings|embed_tokens)\.weight$")
-# [chunk tokens, vocab] float32 tensors alive at once in a loss chunk's backward: the logits (or
-# their float32 copy), the log-softmax kept for backward, and the gradient flowing back
-LOGIT_COPIES = 3  # (measured with torch's MemTracker on CPU; see bench/memory_at_scale.py)
+# [chunk tokens, vocab] float32 tensors alive at once in a loss chunk's backward: the logits (and
+# their float32 copy), the log-softmax kept for backward, the gradient flowing back. Measured with
+# torch's MemTracker on the real-vocabulary model (bench/memory_at_scale.py): torchtitan's
+# ChunkedLossWrapper (the SFT loss) holds 3.5, the log-probability path (finetune/logprobs.py:
+# DPO, GRPO; each chunk recomputed in backward) 3.
+LOSS_LOGIT_COPIES = 3.5
+LOGPROB_LOGIT_COPIES = 3
+REDUCE_SCATTER = "the lm_head's gradient reduce-scatter"
 
 
 @dataclass
@@ -85,8 +92,9 @@ class MemoryEstimate:
     optimizer_gib: float
     activations_gib: float
     recompute_gib: float
-    logits_gib: float  # one loss chunk's logits working memory, at the loss
-    peak_at: str  # the moment of the step the total is taken at: "the loss", "early backward", "end of backward"
+    logits_gib: float  # the lm_head's and the loss's working memory (at the peak when that is one of theirs)
+    peak_at: str  # the moment of the step the total is taken at: "the loss", "the lm_head's gradient
+    # reduce-scatter", "early backward", "end of backward"
     device: str
     ranks_per_node: int
     notes: list[str] = field(default_factory=list)
@@ -102,7 +110,7 @@ class MemoryEstimate:
             "gradients": self.gradients_gib,
             "optimizer states": self.optimizer_gib,
             "activations": self.activations_gib,
-            "logits (one loss chunk)": self.logits_gib,
+            "lm_head and loss buffers": self.logits_gib,
             "recompute": self.recompute_gib,
             "DPO reference": self.reference_gib,
         }
@@ -118,10 +126,17 @@ class MemoryEstimate:
 
 
 def estimate_memory(
-    config, world_size: int, device: str, ranks_per_node: int, model_on_meta, frozen_reference: bool = False
+    config,
+    world_size: int,
+    device: str,
+    ranks_per_node: int,
+    model_on_meta,
+    frozen_reference: bool = False,
+    logprobs: bool = False,
 ) -> MemoryEstimate:
     """Tensor memory per rank of `config`'s training; `model_on_meta`: `meta_model(config)`;
-    `frozen_reference`: DPO keeps a copy of the starting weights (each rank its shards)."""
+    `frozen_reference`: DPO keeps a copy of the starting weights (each rank its shards);
+    `logprobs`: the loss is made of per-token log-probabilities (DPO, GRPO), not the SFT loss."""
     from torchtitan.distributed.parallel_dims import ParallelDims
 
     # torchtitan's own degrees (data_parallel_shard_degree=-1 resolved); the plan checked them
@@ -136,15 +151,22 @@ def estimate_memory(
     activations, recompute = _activation_bytes(config, shape, degrees, device)
     tied = not any(LM_HEAD.search(name) for name in counts.names)  # the lm_head is the embedding's weight
     head_trainable = _trainable(counts, EMBEDDING if tied else LM_HEAD)
-    logits = _logits_bytes(config, shape, degrees, fsdp=_fsdp_wrapped(shape, degrees), head_trainable=bool(head_trainable))
-    head_gradient = head_trainable * param_bytes
+    copies = LOGPROB_LOGIT_COPIES if logprobs else LOSS_LOGIT_COPIES
+    head = _head_bytes(config, shape, degrees, _fsdp_wrapped(shape, degrees), bool(head_trainable), copies)
+    # the gradients are live through the whole step (measured: from the first forward on), so every
+    # moment counts them; the end of backward adds the embedding's dense gradient in flight
     moments = {
-        "the loss": activations + logits + head_gradient,
-        "early backward": activations + recompute + head_gradient,
+        "the loss": activations + head["the loss"] + gradients,
+        "early backward": activations + recompute + gradients,
         # the embedding's backward makes a dense [vocab, dim] gradient, added to the one kept
         "end of backward": gradients + _trainable(counts, EMBEDDING) * param_bytes,
     }
+    if REDUCE_SCATTER in head:
+        # measured: the SFT loss's step still holds the activations then, DPO's (log-probabilities
+        # through finetune/logprobs.py, the head's gradient reduced at the end of backward) none
+        moments[REDUCE_SCATTER] = (0 if logprobs else activations) + head[REDUCE_SCATTER] + gradients
     peak_at = max(moments, key=moments.get)
+    logits = head.get(peak_at, head["the loss"])
     reference = parameters if frozen_reference else 0  # finetune=lora's reference: the adapters off, no copy
     return MemoryEstimate(
         per_rank_gib=(parameters + optimizer + reference + moments[peak_at]) / GIB,
@@ -356,8 +378,6 @@ def _activation_bytes(config, shape: _Shape, degrees, device: str) -> tuple[int,
     sp = degrees.tp if config.parallelism.enable_sequence_parallel else 1
     dense_mask = _dense_mask(config, shape, device)
     layer = _layer_bytes(shape, tokens, batch, seq * degrees.cp, compute, degrees.tp, sp, dense_mask)
-    if math_attention(config, shape, device):
-        layer += batch * (shape.n_heads // degrees.tp) * (seq * degrees.cp) ** 2 * compute
     layers = math.ceil(shape.n_layers / degrees.pp)
     ac = _ac_mode(config.activation_checkpoint)
     if ac == "full":
@@ -423,12 +443,16 @@ def _outside_layers_bytes(config, s: _Shape, tokens, compute, tp, sp) -> int:
     return tokens * INT64 + final_norm + rope
 
 
-def _logits_bytes(config, s: _Shape, degrees, fsdp: bool, head_trainable: bool) -> int:
-    """The loss's working memory in a chunk's backward (the whole sequence is one chunk without
-    ChunkedLossWrapper): [chunk, vocab] float32 logits and their gradient, and [vocab, dim]
-    weight-sized buffers of the lm_head: under FSDP its all-gathered weight (kept across the
-    chunks) and, when it trains, its unsharded gradient, the chunk's new gradient and the
-    reduce-scatter's buffers; without FSDP, the chunk's new gradient before it is added."""
+def _head_bytes(config, s: _Shape, degrees, fsdp: bool, head_trainable: bool, copies: float) -> dict[str, int]:
+    """The lm_head's and the loss's working memory at two moments. At the loss (a chunk's
+    backward; the whole sequence is one chunk without ChunkedLossWrapper): `copies` of the
+    [chunk, vocab] float32 logits and [vocab, dim] weight-sized buffers: under FSDP the
+    all-gathered weight (kept across the chunks) and, when it trains, the chunk's new gradient
+    and the unsharded gradient it is added to; without FSDP, the chunk's new gradient. At the
+    lm_head's gradient reduce-scatter (FSDP, a trained head), when the logits are gone: the
+    gathered weight, two compute-dtype gradient buffers, the unsharded gradient, the
+    reduce-scatter's input copy of it (none on one rank) and its output shard (measured with
+    MemTracker at 1 and 2 ranks, seq_len 128 to 512: the same bytes at each)."""
     from torchtitan.components.loss import ChunkedLossWrapper
 
     tokens = config.training.local_batch_size * config.training.seq_len // degrees.cp
@@ -437,20 +461,20 @@ def _logits_bytes(config, s: _Shape, degrees, fsdp: bool, head_trainable: bool) 
     vocab = math.ceil(s.vocab / degrees.tp)
     head = vocab * s.dim
     compute, param = DTYPE_BYTES[config.training.mixed_precision_param], DTYPE_BYTES[config.training.dtype]
-    if fsdp:
-        # the gathered weight and a chunk's gradient (compute dtype); the unsharded gradient kept
-        # across the chunks, the reduce-scatter's input copy of it (none on one rank) and its
-        # output shard (FSDP's reduce dtype): measured with MemTracker at 1 and 2 ranks
-        reduce = DTYPE_BYTES[config.training.mixed_precision_reduce]
-        shards = degrees.dp_shard * degrees.cp
-        unsharded = (2 if shards > 1 else 1) * head * reduce
-        gradients = head * compute + unsharded + math.ceil(head / shards) * reduce
-        weights = head * compute + (gradients if head_trainable else 0)
-        copies = 1 if head_trainable else LOGIT_COPIES - 1
-    else:
-        weights = head * param if head_trainable else 0
-        copies = LOGIT_COPIES - 1
-    return copies * chunk * vocab * FLOAT32 + chunk * INT64 + weights
+    logits = int(copies * chunk * vocab * FLOAT32) + chunk * INT64
+    if not fsdp:
+        # a trained head without FSDP: three [vocab, dim] buffers of the parameters' dtype (the
+        # chunk's gradient, the sum it is added to, the tied embedding's; measured on native 0.6B)
+        return {"the loss": logits + (3 * head * param if head_trainable else 0)}
+    if not head_trainable:
+        return {"the loss": logits + head * compute}
+    reduce = DTYPE_BYTES[config.training.mixed_precision_reduce]
+    shards = degrees.dp_shard * degrees.cp
+    reduce_scatter = (2 if shards > 1 else 1) * head * reduce + math.ceil(head / shards) * reduce
+    return {
+        "the loss": logits + head * compute + head * compute + head * reduce,
+        REDUCE_SCATTER: head * compute + 2 * head * compute + reduce_scatter,
+    }
 
 
 def _fsdp_wrapped(s: _Shape, degrees) -> bool:
@@ -458,16 +482,15 @@ def _fsdp_wrapped(s: _Shape, degrees) -> bool:
     return s.backend == "hf" or degrees.dp_shard * degrees.cp > 1
 
 
-def math_attention(config, shape: _Shape, device: str) -> bool:
-    """On CPU, SDPA with a dense mask runs torch's math kernel, which keeps every layer's
-    [batch, heads, seq, seq] attention probabilities for backward; CUDA's flash and
-    memory-efficient kernels (and FlexAttention) keep only a log-sum-exp per query."""
-    return device == "cpu" and _dense_mask(config, shape, device)
-
-
 def attention_note(config, device: str) -> str:
-    if math_attention(config, _shape(config), device):
-        return "attention: SDPA's math kernel (CPU), [batch, heads, seq, seq] probabilities kept per layer"
+    """Which attention kernel the estimate assumed. On CPU, SDPA on a boolean mask runs torch's
+    flash kernel for CPU, which keeps q, k, v, the output, a log-sum-exp and the mask in the
+    compute dtype (each layer its own copy), no [batch, heads, seq, seq] probabilities (read off
+    its saved tensors, torch 2.13)."""
+    if device == "cpu" and _dense_mask(config, _shape(config), device):
+        return "attention: SDPA's flash kernel for CPU on a dense mask, the mask kept per layer, no [seq, seq] scores"
+    if _dense_mask(config, _shape(config), device):
+        return "attention: SDPA on a dense mask, the mask kept per layer, no [seq, seq] scores"
     return "attention: a fused kernel (flash, memory-efficient or FlexAttention), no [seq, seq] scores kept"
 
 
