@@ -438,3 +438,17 @@ def test_progress_shows_what_the_workers_logged_before_it_started_but_not_an_ear
     progress.stop()
     assert out.getvalue().splitlines()[-1] == "[qwen3-neuron] #7  step 10/12  loss 2.0000  ETA --"
     assert "step 9" not in out.getvalue()
+
+
+def test_an_optuna_dry_run_shows_its_first_trial_and_stops_in_a_sentence(tmp_path, assets):
+    """Every trial of an Optuna dry run would plan and train nothing and return no value, and
+    Optuna's own end (`study.best_trial`) raises then: the search stops after the first plan,
+    saying why, exit 0."""
+    result = multirun(tmp_path / "optuna", "experiment=optuna_lr", "hydra.sweeper.n_trials=3", "run.dry_run=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and result.stdout.count("dry run: nothing started") == 1
+    assert result.stderr.rstrip().endswith(
+        "[qwen3-neuron] an Optuna search with run.dry_run=true or run.show_data stops after its first trial "
+        "(above): nothing trains, so no trial gives Optuna a value to search on. Without -m a dry run shows one "
+        "config's plan."
+    )

@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from qwen3_neuron.errors import ConfigError, DataError, RunDirInUse, user_error_label
+from qwen3_neuron.process_exit import exit_without_teardown
 from qwen3_neuron.job.job import Job
 from qwen3_neuron.job.record import record_plan
 from qwen3_neuron.job.settings import check_settings
@@ -98,9 +99,16 @@ def run_job(cfg: DictConfig) -> JobOutcome:
         if refusal:  # the earlier run's dir: nothing written, nothing removed
             print(f"Config error: {refusal}", file=sys.stderr)
             return JobOutcome(CONFIG_ERROR_EXIT, hydra_job.single_run)
-        return _run_job_in(cfg, hydra_job, hydra_config)
+        outcome = _run_job_in(cfg, hydra_job, hydra_config)
     finally:
         lock.release()
+    plan_only = OmegaConf.select(cfg, "run.dry_run") or OmegaConf.select(cfg, "run.show_data")
+    if plan_only and _sweeper_direction(hydra_config) is not None:  # Optuna: no trial would give it a value
+        print("[qwen3-neuron] an Optuna search with run.dry_run=true or run.show_data stops after its first "
+              "trial (above): nothing trains, so no trial gives Optuna a value to search on. Without -m a "
+              "dry run shows one config's plan.", file=sys.stderr)  # fmt: skip
+        exit_without_teardown(outcome.exit_code)  # before Optuna's end, which raises without a value
+    return outcome
 
 
 def _new_run_refusal(cfg: DictConfig, run_dir: Path) -> str | None:
