@@ -197,3 +197,37 @@ def test_only_completion_tokens_are_trained():
     ids = torch.tensor([[1, 2, 3, 40, 41, 9, 0, 0], [1, 2, 40, 41, 42, 43, 44, 0]])
     labels = completion_labels(ids, torch.tensor([3, 2]), torch.tensor([3, 5]))
     assert labels.tolist() == [[-100, -100, 40, 41, 9, -100, -100, -100], [-100, 40, 41, 42, 43, 44, -100, -100]]
+
+
+class _Counting(torch.nn.Module):
+    """A stand-in policy: hidden states out (as `hidden_states_out` asks), an lm_head that always
+    makes token 7 the likeliest by far."""
+
+    _skip_lm_head = False
+
+    def __init__(self, vocab: int = 10):
+        super().__init__()
+        self.lm_head = torch.nn.Linear(1, vocab, bias=False)
+        with torch.no_grad():
+            self.lm_head.weight.zero_()
+            self.lm_head.weight[7] = 100.0
+
+    def forward(self, ids):
+        hidden = torch.ones(*ids.shape, 1)
+        return hidden if self._skip_lm_head else self.lm_head(hidden)
+
+
+def test_a_prompt_longer_than_the_plan_read_gets_the_room_seq_len_leaves_it():
+    """The plan checks that its first rows leave grpo.max_completion_length in training.seq_len; a
+    later prompt that does not is completed up to the end of its sample, not past it."""
+    from types import SimpleNamespace
+
+    from qwen3_neuron.finetune.grpo_step import GRPOStep
+
+    step = GRPOStep.__new__(GRPOStep)
+    step.grpo, step.warpers, step.end_id = SimpleNamespace(max_completion_length=4), [], 9
+    step.tokenizer = SimpleNamespace(eos_id=0)
+    ids = torch.tensor([[1, 2, 0, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 0, 0]])  # seq_len 8: room 6 and 2
+    lengths = step._sample(_Counting(), ids, torch.tensor([2, 6]), torch.Generator().manual_seed(0))
+    assert lengths.tolist() == [4, 2]
+    assert ids.tolist() == [[1, 2, 7, 7, 7, 7, 0, 0], [1, 2, 3, 4, 5, 6, 7, 7]]

@@ -195,19 +195,23 @@ class GRPOStep:
         """Write each row's completion after its prompt in `ids` (in place); its length, end-of-turn included."""
         rows = torch.arange(ids.shape[0], device=ids.device)
         ended = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-        lengths = torch.full_like(prompt_lengths, self.grpo.max_completion_length)
+        # the plan checked that its first rows leave max_completion_length; a longer prompt further
+        # on gets the room seq_len leaves it, and its completion is cut there (counted as clipped)
+        room = ids.shape[1] - prompt_lengths
+        lengths = room.clamp(max=self.grpo.max_completion_length)
         for t in range(self.grpo.max_completion_length):
+            inside = t < room
             with hidden_states_out(model) as lm_head:
                 hidden = model(ids)
-            last = hidden[rows, prompt_lengths + t - 1]
+            last = hidden[rows, (prompt_lengths + t - 1).clamp(max=ids.shape[1] - 1)]
             scores = lm_head(last).float()
             for warper in self.warpers:
                 scores = warper(ids, scores)
             probabilities = torch.softmax(scores, dim=-1).cpu()
             tokens = torch.multinomial(probabilities, 1, generator=generator).squeeze(1).to(ids.device)
             tokens = torch.where(ended, self.tokenizer.eos_id or 0, tokens)
-            ids[rows, prompt_lengths + t] = tokens
-            newly = (tokens == self.end_id) & ~ended
+            ids[rows[inside], (prompt_lengths + t)[inside]] = tokens[inside]
+            newly = (tokens == self.end_id) & ~ended & inside
             lengths = torch.where(newly, t + 1, lengths)
             ended |= newly
         return lengths
