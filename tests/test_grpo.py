@@ -3,6 +3,7 @@ rewards and per-token log-probabilities."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -161,6 +162,8 @@ def test_grpo_raises_a_programs_reward_and_the_export_answers_better(tmp_path_fa
     assert {"rewards/examples.my_rewards.digit_share/mean", "completions/mean_length", "completions/clipped_ratio",
             "clip_ratio/region_mean", "generation_seconds", "training_seconds"} <= set(records[0])  # fmt: skip
     assert "kl" not in records[0]  # beta 0: no reference, no KL
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["first_reward"], summary["reward"]) == (records[0]["reward"], records[-1]["reward"])
     held_out = assets.preference_validation_file
     start, tuned = _held_out_reward(assets.tiny_qwen3_dir, held_out), _held_out_reward(run_dir / "hf_export", held_out)
     print(f"held-out digit_share: starting model {start:.4f}, exported policy {tuned:.4f}")
@@ -231,3 +234,30 @@ def test_a_prompt_longer_than_the_plan_read_gets_the_room_seq_len_leaves_it():
     lengths = step._sample(_Counting(), ids, torch.tensor([2, 6]), torch.Generator().manual_seed(0))
     assert lengths.tolist() == [4, 2]
     assert ids.tolist() == [[1, 2, 7, 7, 7, 7, 0, 0], [1, 2, 3, 4, 5, 6, 7, 7]]
+
+
+def test_grpo_rewards_reach_the_summary_the_end_of_run_lines_and_the_objective(tmp_path, assets):
+    from conftest import compose_job
+    from test_sweeps import write_records
+
+    from qwen3_neuron.errors import ConfigError
+    from qwen3_neuron.job.settings import check_settings
+    from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value
+
+    steps = [{"step": s, "loss": 0.1 / s, "reward": reward, "completions/mean_length": 30.0 + s,
+              "completions/clipped_ratio": 0.25} for s, reward in ((1, 0.016), (2, 0.2), (3, 0.42))]  # fmt: skip
+    write_records(tmp_path, steps)
+    summary = summarize(tmp_path, "completed", 1.0)
+    assert {k: summary[k] for k in ("first_reward", "reward", "completion_mean_length", "completion_clipped_ratio")} == {
+        "first_reward": 0.016, "reward": 0.42, "completion_mean_length": 33.0, "completion_clipped_ratio": 0.25}  # fmt: skip
+    assert ("grpo: reward 0.0160 -> 0.4200; completions 33.0 tokens on average, 25% cut at "
+            "grpo.max_completion_length") in summary_lines(json.loads(json.dumps(summary)))  # fmt: skip
+    assert sweep_job_value(summary, "reward", stop_on_failure=True) == 0.42
+    job = compose_job("experiment=cpu_qwen3_tiny_grpo", "run.objective=reward")
+    check_settings(job.settings, "cpu")  # data=prompts reports it
+    with pytest.raises(ConfigError) as refused:
+        check_settings(compose_job("run.objective=reward").settings, "cpu")
+    assert str(refused.value) == (
+        "run.objective=reward is reported by data=prompts runs only (this one is data=tiny): every job would "
+        "return no value. final_loss, val_loss, tokens_per_second or eval.<task>.<metric> are reported by every run."
+    )

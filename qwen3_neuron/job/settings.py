@@ -350,6 +350,22 @@ def check_settings(settings: Settings, device: str) -> None:
     _check_preference(settings)
     _check_grpo(settings)
     check_objective(settings.run.objective, settings.eval)
+    _check_objective_data(settings)
+
+
+# summary fields only one kind of data reports
+OBJECTIVE_DATA = {"reward": "prompts", **{name: "preference" for name in (
+    "reward_accuracy", "reward_margin", "val_reward_accuracy", "val_reward_margin")}}  # fmt: skip
+
+
+def _check_objective_data(settings: Settings) -> None:
+    needs = OBJECTIVE_DATA.get(settings.run.objective)
+    if needs and settings.data.kind != needs:
+        raise ConfigError(
+            f"run.objective={settings.run.objective} is reported by data={needs} runs only (this one is "
+            f"data={settings.data.kind}): every job would return no value. final_loss, val_loss, "
+            "tokens_per_second or eval.<task>.<metric> are reported by every run."
+        )
 
 
 def _check_data_files(data: DataSettings) -> None:

@@ -58,6 +58,8 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "val_step": validations[-1]["step"] if validations else None,
         # data=preference: the DPO rewards of the last step's pairs, and of the last validation's
         **_preference(records[-1] if records else {}, validations[-1] if validations else {}),
+        # data=prompts: the GRPO reward of the first and the last step's completions
+        **_grpo([r for r in records if "reward" in r]),
         # data=text|chat|mix: what the ranks read and packed, and every overlong document's fate
         "data_stats": data_stats,
         # of the tokens trained on, the share that is not padding (data_stats'; the sweep table's column)
@@ -139,6 +141,16 @@ def _preference(last: dict[str, Any], validation: dict[str, Any]) -> dict[str, A
             **{f"val_{name}": validation.get(f"val_{name}") for name in PREFERENCE_FIELDS}}  # fmt: skip
 
 
+GRPO_FIELDS = {"reward": "reward", "completion_mean_length": "completions/mean_length",
+               "completion_clipped_ratio": "completions/clipped_ratio"}  # summary field: metrics.jsonl's
+
+
+def _grpo(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    if not steps:
+        return {}
+    return {"first_reward": steps[0]["reward"], **{field: steps[-1].get(name) for field, name in GRPO_FIELDS.items()}}
+
+
 def _mfu(flops_per_token: float | None, tokens_per_second: float | None, peak: dict | None) -> float | None:
     """Model FLOPs utilisation, a fraction: the job's model FLOP/s over the peak of all its ranks
     (per device the same as torchtitan's: flops/token x per-device tokens/s / per-device peak)."""
@@ -195,6 +207,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         if summary.get("val_reward_accuracy") is not None:
             lines[-1] += (f" (validation: accuracy {summary['val_reward_accuracy']:.2f}, "
                           f"margin {summary['val_reward_margin']:.3f})")  # fmt: skip
+    if summary.get("reward") is not None:  # data=prompts
+        lines.append(f"grpo: reward {summary['first_reward']:.4f} -> {summary['reward']:.4f}; completions "
+                     f"{summary['completion_mean_length']:.1f} tokens on average, "
+                     f"{summary['completion_clipped_ratio']:.0%} cut at grpo.max_completion_length")  # fmt: skip
     speed = []
     if summary.get("tokens_per_second") is not None:
         speed.append(f"{summary['tokens_per_second']:,.0f} tok/s")
