@@ -238,14 +238,16 @@ def test_a_prompt_longer_than_the_plan_read_gets_the_room_seq_len_leaves_it():
 
 def test_grpo_rewards_reach_the_summary_the_end_of_run_lines_and_the_objective(tmp_path, assets):
     from conftest import compose_job
-    from test_sweeps import write_records
+    from test_sweeps import csv_rows, write_records
 
     from qwen3_neuron.errors import ConfigError
     from qwen3_neuron.job.settings import check_settings
     from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value
+    from qwen3_neuron.report.sweep_table import write_report
 
     steps = [{"step": s, "loss": 0.1 / s, "reward": reward, "completions/mean_length": 30.0 + s,
               "completions/clipped_ratio": 0.25} for s, reward in ((1, 0.016), (2, 0.2), (3, 0.42))]  # fmt: skip
+    tmp_path = tmp_path / "0"  # a sweep's job dir
     write_records(tmp_path, steps)
     summary = summarize(tmp_path, "completed", 1.0)
     assert {k: summary[k] for k in ("first_reward", "reward", "completion_mean_length", "completion_clipped_ratio")} == {
@@ -253,6 +255,12 @@ def test_grpo_rewards_reach_the_summary_the_end_of_run_lines_and_the_objective(t
     assert ("grpo: reward 0.0160 -> 0.4200; completions 33.0 tokens on average, 25% cut at "
             "grpo.max_completion_length") in summary_lines(json.loads(json.dumps(summary)))  # fmt: skip
     assert sweep_job_value(summary, "reward", stop_on_failure=True) == 0.42
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- grpo.beta=0.0\n")
+    write_report(tmp_path.parent)  # the sweep table of a sweep of this one job
+    row = csv_rows(tmp_path.parent / "summary.csv")[0]
+    assert (row["first_reward"], row["reward"]) == ("0.016", "0.42")
     job = compose_job("experiment=cpu_qwen3_tiny_grpo", "run.objective=reward")
     check_settings(job.settings, "cpu")  # data=prompts reports it
     with pytest.raises(ConfigError) as refused:

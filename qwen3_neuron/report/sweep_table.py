@@ -6,8 +6,8 @@ writes, into the sweep dir:
 - `summary.csv`: one row per job: the job number, the overrides whose values differ between
   jobs, then `status, steps, first_loss, final_loss, val_loss, tokens_per_second,
   packing_efficiency, mfu, peak_memory_gib, wall_seconds`, data=preference jobs' reward_accuracy,
-  reward_margin and val_reward_accuracy, an `eval.<task>.<metric>` column per
-  lm-eval score (eval=lm_eval), `error`, exactly as in the job's summary.json, and the job's run dir;
+  reward_margin and val_reward_accuracy, data=prompts jobs' first_reward and reward, an
+  `eval.<task>.<metric>` column per lm-eval score (eval=lm_eval), `error`, exactly as in the job's summary.json, and the job's run dir;
 - `summary.md`: the same table for people (rounded, MFU in %), plus Optuna's best trial when the
   sweep was an Optuna study;
 - `loss.png`: every job's loss curve from its metrics.jsonl, labelled by its overrides (a failed
@@ -46,6 +46,7 @@ COLUMNS = (
     "packing_efficiency", "mfu", "peak_memory_gib", "wall_seconds", "error",
 )  # fmt: skip
 PREFERENCE_COLUMNS = ("reward_accuracy", "reward_margin", "val_reward_accuracy")  # data=preference jobs
+GRPO_COLUMNS = ("first_reward", "reward")  # data=prompts jobs
 
 
 @dataclass
@@ -96,7 +97,7 @@ def collect_jobs(sweep_dir: Path) -> list[Job]:
 
 def table_columns(jobs: list[Job]) -> tuple[str, ...]:
     scores = sorted({name for job in jobs for name in flat_scores(job.summary)})
-    preference = [c for c in PREFERENCE_COLUMNS if any(job.summary.get(c) is not None for job in jobs)]
+    preference = [c for c in (*PREFERENCE_COLUMNS, *GRPO_COLUMNS) if any(job.summary.get(c) is not None for job in jobs)]
     return (*COLUMNS[:-1], *preference, *scores, COLUMNS[-1])  # the error stays last
 
 
