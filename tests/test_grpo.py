@@ -149,6 +149,7 @@ def _held_out_reward(model_dir, prompts_file) -> float:
     return sum(rewards) / len(rewards)
 
 
+@pytest.mark.integration
 def test_grpo_raises_a_programs_reward_and_the_export_answers_better(tmp_path_factory, assets):
     """experiment=cpu_qwen3_tiny_grpo: the digit-share reward of the sampled completions rises from
     its first steps' mean to well above it, and the exported policy's replies to held-out prompts

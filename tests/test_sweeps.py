@@ -440,6 +440,7 @@ def test_progress_shows_what_the_workers_logged_before_it_started_but_not_an_ear
     assert "step 9" not in out.getvalue()
 
 
+@pytest.mark.integration
 def test_an_optuna_dry_run_shows_its_first_trial_and_stops_in_a_sentence(tmp_path, assets):
     """Every trial of an Optuna dry run would plan and train nothing and return no value, and
     Optuna's own end (`study.best_trial`) raises then: the search stops after the first plan,
