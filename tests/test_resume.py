@@ -107,6 +107,24 @@ def extended_from_its_last_step_or_the_one_before_trains_alike(run_dir: Path, tm
     assert [earlier[s] for s in range(STEPS - 1, extended + 1)] == [last[s] for s in range(STEPS - 1, extended + 1)]
 
 
+def test_an_exported_run_with_periodic_checkpoints_is_extended_from_its_last_step(assets, tmp_path):
+    """checkpointing=[periodic,export_hf]: the last step is the HF export and a full checkpoint,
+    so extending the run trains only the new steps; the extension exports again."""
+    run_dir = tmp_path / "run"
+    result = launch(run_dir, *TINY, "checkpointing=[periodic,export_hf]", "checkpoint.interval=2", "training.steps=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert complete_steps(run_dir / "checkpoint") == [2, 4] and not list((run_dir / "checkpoint").glob("full-*"))
+    exported = (run_dir / "hf_export" / "model.safetensors").read_bytes()
+    result = launch(None, f"run.resume={run_dir}", "training.steps=6")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"continuing from checkpoint step-4 of {run_dir}" in result.stdout
+    assert [step for step in losses(run_dir)] == [1, 2, 3, 4, 5, 6]
+    trained = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert trained == [1, 2, 3, 4, 5, 6]  # steps 1-4 once: nothing trained again
+    assert complete_steps(run_dir / "checkpoint")[-1] == 6
+    assert (run_dir / "hf_export" / "model.safetensors").read_bytes() != exported  # step 6's model
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """small_disk(size): a file system of `size` ("80m") at a new dir; a size-limited tmpfs, which

@@ -61,6 +61,7 @@ def main(run_dir: Path) -> None:
         from qwen3_neuron.hf_io.export import exports_hf
         from qwen3_neuron.job.job import Job
         from qwen3_neuron.job.trainer_config import build_trainer_config
+        from qwen3_neuron.worker.full_last_step import keeps_a_full_last_step, save_full_last_step
         from qwen3_neuron.worker.lr_schedule import follow_one_schedule, schedule_end
         from qwen3_neuron.worker.step_memory import measure_one_step, write_step_memory
         from qwen3_neuron.worker.tensor_memory import measure_training, write_measurement
@@ -122,6 +123,8 @@ def main(run_dir: Path) -> None:
                 write_step_memory(step_memory, run_dir)
             if lora:
                 save_adapters_for_export(trainer, config)  # the HF save drops the adapters
+            if keeps_a_full_last_step(config, job.composed.get("checkpoint") or {}):
+                save_full_last_step(trainer)  # extending the run continues from its last step
         if exports and torch.distributed.is_initialized():
             torch.distributed.barrier()  # every rank has written its part of the last HF save (and LoRA adapters)
     except Exception as error:  # torchtitan raises on a non-finite loss, naming the step
@@ -145,9 +148,11 @@ def _export(config, settings, run_dir: Path) -> None:
     export's fields, or its error (the run then fails, its checkpoints kept)."""
     from qwen3_neuron.errors import ExportError
     from qwen3_neuron.hf_io.run_export import export_run
+    from qwen3_neuron.worker.full_last_step import promote_full_last_step
 
     try:
         record = export_run(config, run_dir, settings.finetune, settings.hf.export_dir)
+        promote_full_last_step(run_dir / config.checkpoint.folder)
     except ExportError as e:
         print(f"[qwen3-neuron] export failed: {e}", file=sys.stderr, flush=True)
         record = {"error": f"export failed: {e}"}
