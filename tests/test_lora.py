@@ -217,7 +217,9 @@ def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(backe
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["adapter_dir"], summary["export_dir"]) == (str(adapter_dir), str(run_dir / "hf_export"))
-    assert not (run_dir / "checkpoint" / "step-10").exists()  # the consumed HF save is gone
+    last = run_dir / "checkpoint" / "step-10"  # the full last step (DCP), its HF save consumed by the export
+    assert (last / ".metadata").exists() and not list(last.glob("*.safetensors"))
+    assert not list((run_dir / "checkpoint").glob("full-*"))
     ids = fixed_batch(TINY_DENSE["vocab_size"])
     with torch.no_grad():
         peft_logits = PeftModel.from_pretrained(_hf(assets.tiny_qwen3_dir), adapter_dir).eval()(ids).logits

@@ -328,10 +328,13 @@ DENSE, MOE = "experiment=cpu_qwen3_tiny_native", "experiment=cpu_qwen3_tiny_moe"
 #     9.5e-7 and 2.1e-7. The grad-norm gap is the float32 norm itself (at step 1 with batches
 #     of 4: the fp64 norm of the same gradients, equal per parameter to 3e-8, is 1.1e-5 above one
 #     rank's, 4e-6 above FSDP's).
-#   MoE, EP 2: 1.9e-4 and 2.1e-4 (step 1: 0 and 4e-6; the gap grows over the steps).
-# The tolerances are 5-10x those. A gradient summed instead of averaged over the 2 ranks shows
-# as a grad norm twice one rank's (1.0 relative).
-TOLERANCE = {DENSE: dict(loss=1e-5, grad_norm=2e-4), MOE: dict(loss=1e-3, grad_norm=1e-3)}
+#   MoE, EP 2: 1.9e-4 and 2.1e-4 on an AMD EPYC, 1.1e-3 and 1.1e-3 on an Intel Xeon with
+#     AVX512-BF16 (bit-identical when repeated there); step 1: at most 5e-7 and 4e-6 on both.
+#     The gap grows over the steps: each expert's matmul sums its tokens in another order.
+# The tolerances are 5-10x those (4.5x Intel's for MoE), and step 1, from the same weights, is held
+# to the dense one for every model. A gradient summed instead of averaged over the 2 ranks shows as
+# a grad norm twice one rank's (1.0 relative).
+TOLERANCE = {DENSE: dict(loss=1e-5, grad_norm=2e-4), MOE: dict(loss=5e-3, grad_norm=5e-3)}
 
 
 def losses(run_dir: Path) -> list[float]:
@@ -373,6 +376,9 @@ def assert_trains_like(run_dir: Path, reference: Path, loss: float, grad_norm: f
     ran, expected = read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(reference / "metrics.jsonl")
     print(f"{run_dir}: {[(r['loss'], r['grad_norm']) for r in ran]}")  # the numbers behind a failure
     assert [r["step"] for r in ran] == [r["step"] for r in expected] == list(range(1, STEPS + 1))
+    first = TOLERANCE[DENSE]
+    assert ran[0]["loss"] == pytest.approx(expected[0]["loss"], abs=first["loss"])
+    assert ran[0]["grad_norm"] == pytest.approx(expected[0]["grad_norm"], rel=first["grad_norm"])
     assert [r["loss"] for r in ran] == pytest.approx([r["loss"] for r in expected], abs=loss)
     assert [r["grad_norm"] for r in ran] == pytest.approx([r["grad_norm"] for r in expected], rel=grad_norm)
     assert ran[-1]["loss"] < ran[0]["loss"] - 0.3  # it learns
