@@ -23,6 +23,8 @@ pytestmark = pytest.mark.integration
 # conftest.py's default_run (TINY, 10 steps, 2 ranks), saving every 2 steps (the newest two kept)
 STEPS = 10
 CHECKPOINTED = (*TINY, "checkpointing=periodic", "checkpoint.interval=2", f"training.steps={STEPS}")
+# the same, exporting its model at the end: the last step is then a full checkpoint and the export
+EXPORTED = (*TINY, "checkpointing=[periodic,export_hf]", "checkpoint.interval=2", f"training.steps={STEPS}")
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -32,13 +34,13 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_the_same_seed_again_and_its_resume_after_kill_9_give_identical_losses(default_run, tmp_path):
-    """The default job again, saving checkpoints: until the kill it is the same seed launched a
-    second time, so its losses are default_run's (and saving a checkpoint changes none). Its newest
+    """The default job again, saving checkpoints and exporting: until the kill it is the same seed
+    launched a second time, so its losses are default_run's (and saving a checkpoint changes none). Its newest
     checkpoint then loses two thirds of a shard (as a full disk or a cut copy leaves it): the
     resume continues from the one before, and ends on default_run's losses too. While it runs, it
     owns the run dir: a second launch there stops at once."""
     run_dir = tmp_path / "killed"
-    kill_9_after_checkpoint(run_dir, CHECKPOINTED, checkpoint_step=4, steps_logged=6)
+    kill_9_after_checkpoint(run_dir, EXPORTED, checkpoint_step=4, steps_logged=6)
     uninterrupted, before_kill = losses(default_run), losses(run_dir)
     assert len(before_kill) >= 6 and all(before_kill[s] == uninterrupted[s] for s in before_kill)
     # a checkpoint cut short while being written (no .metadata) must never be picked
@@ -80,15 +82,19 @@ def test_the_same_seed_again_and_its_resume_after_kill_9_give_identical_losses(d
     assert f"continuing from checkpoint step-{intact} of {run_dir}" in printed
     after = range(intact + 1, STEPS + 1)
     assert [resumed[s] for s in after] == [uninterrupted[s] for s in after]
-    assert "checkpointing=periodic" in (run_dir / ".hydra" / "overrides.yaml").read_text()  # the first launch's
+    assert "checkpointing=[periodic,export_hf]" in (run_dir / ".hydra" / "overrides.yaml").read_text()  # the first launch's
     extended_from_its_last_step_or_the_one_before_trains_alike(run_dir, tmp_path)
 
 
 def extended_from_its_last_step_or_the_one_before_trains_alike(run_dir: Path, tmp_path: Path) -> None:
-    """The finished run extended by two steps: its last step is a checkpoint, so only the new steps
-    train; from the checkpoint before (checkpoint.load_step), steps 9-10 retrain on the schedule
-    they were planned with, and the new steps 11-12 are the same as from the last step."""
-    assert complete_steps(run_dir / "checkpoint") == [STEPS - 2, STEPS]  # the last step is a full checkpoint
+    """The finished run extended by two steps: its last step is a full checkpoint beside the export
+    (`full-N` renamed `step-N` once the export consumed the HF save), so only the new steps train,
+    and the extension exports again; from the checkpoint before (checkpoint.load_step), steps 9-10
+    retrain on the schedule they were planned with, and the new steps 11-12 are the same as from
+    the last step."""
+    checkpoints = run_dir / "checkpoint"
+    assert complete_steps(checkpoints) == [STEPS - 2, STEPS] and not list(checkpoints.glob("full-*"))
+    exported = (run_dir / "hf_export" / "model.safetensors").read_bytes()
     extended, extended_earlier = STEPS + 2, shutil.copytree(run_dir, tmp_path / "from-earlier")
     rule = (f"run.resume: training on to step {extended}; learning rate: steps 1-{STEPS} keep the schedule planned "
             f"for {STEPS} steps; steps {STEPS + 1}-{extended} train at its step-{STEPS} rate")  # fmt: skip
@@ -99,30 +105,14 @@ def extended_from_its_last_step_or_the_one_before_trains_alike(run_dir: Path, tm
     assert rule in result.stdout and f"continuing from checkpoint step-{STEPS} of" in result.stdout
     new_records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()[lines_before:]]
     assert [r["step"] for r in new_records if "loss" in r] == [STEPS + 1, STEPS + 2]  # only the new steps
+    assert complete_steps(checkpoints)[-1] == extended
+    assert (run_dir / "hf_export" / "model.safetensors").read_bytes() != exported  # step 12's model
     result = launch(None, f"run.resume={extended_earlier}", f"training.steps={extended}", f"checkpoint.load_step={STEPS - 2}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert rule in result.stdout
     last, earlier = losses(run_dir), losses(extended_earlier)
     assert len(last) == trained + 2
     assert [earlier[s] for s in range(STEPS - 1, extended + 1)] == [last[s] for s in range(STEPS - 1, extended + 1)]
-
-
-def test_an_exported_run_with_periodic_checkpoints_is_extended_from_its_last_step(assets, tmp_path):
-    """checkpointing=[periodic,export_hf]: the last step is the HF export and a full checkpoint,
-    so extending the run trains only the new steps; the extension exports again."""
-    run_dir = tmp_path / "run"
-    result = launch(run_dir, *TINY, "checkpointing=[periodic,export_hf]", "checkpoint.interval=2", "training.steps=4")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert complete_steps(run_dir / "checkpoint") == [2, 4] and not list((run_dir / "checkpoint").glob("full-*"))
-    exported = (run_dir / "hf_export" / "model.safetensors").read_bytes()
-    result = launch(None, f"run.resume={run_dir}", "training.steps=6")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"continuing from checkpoint step-4 of {run_dir}" in result.stdout
-    assert [step for step in losses(run_dir)] == [1, 2, 3, 4, 5, 6]
-    trained = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert trained == [1, 2, 3, 4, 5, 6]  # steps 1-4 once: nothing trained again
-    assert complete_steps(run_dir / "checkpoint")[-1] == 6
-    assert (run_dir / "hf_export" / "model.safetensors").read_bytes() != exported  # step 6's model
 
 
 @pytest.fixture
