@@ -277,6 +277,8 @@ def test_a_resume_from_step_4_reloads_the_base_and_ends_on_the_uninterrupted_run
 
     result = launch(None, f"run.resume={run_dir}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # step 1 was judged by the launch that trained it: warned about there, not again here
+    assert "INITIAL WEIGHTS PROBABLY NOT LOADED" not in result.stdout + result.stderr
     log = (run_dir / "train.log").read_text()
     assert f"finetune=lora: resuming; loading the base weights from {assets.tiny_qwen3_dir} first" in log
     assert re.search(r"Loading the checkpoint from \S*step-4", log)
@@ -286,6 +288,8 @@ def test_a_resume_from_step_4_reloads_the_base_and_ends_on_the_uninterrupted_run
     assert [resumed[s] for s in range(5, 11)] == [reference[s] for s in range(5, 11)]
     summaries = [json.loads((d / "summary.json").read_text()) for d in (run_dir, lora_run)]
     assert summaries[0]["val_loss"] == summaries[1]["val_loss"] and summaries[0]["val_step"] == 10
+    verdicts = [(s["first_loss"], s["first_loss_check"], s["status"]) for s in summaries]
+    assert verdicts[0] == verdicts[1] == (reference[1], "weights_probably_not_loaded", "completed")
     # best-fit packing (data=chat's default): the same samples from the checkpointed buffer on
     assert json.loads((run_dir / "trainer_config.json").read_text())["dataloader"]["sources"][0]["packing"] == "best_fit"
     assert summaries[0]["data_stats"] == summaries[1]["data_stats"]
