@@ -318,7 +318,7 @@ def test_ranks_read_disjoint_shards_and_the_carve_splits_rows_disjointly(tmp_pat
         source = DataSource(files=str(files), overlong="split", val_fraction=0.25)
         dataset = PackedDataset(source, tokenizer, seq_len=4, dp_rank=rank, dp_world_size=2, infinite=False,
                                 role=role, streaming=streaming)  # fmt: skip
-        return [read_row(example)[0]["text"] for example in dataset._get_data_iter()]
+        return [read_row(example, source.name())[0]["text"] for example in dataset._get_data_iter()]
 
     for streaming in (False, True):
         train = [texts(rank, "train", streaming) for rank in (0, 1)]

@@ -192,3 +192,23 @@ def test_the_progress_line_warns_once_more_than_1_percent_of_rows_go_untrained(t
     progress._poll()
     assert progress.line().startswith("[qwen3-neuron]  step 2/3  loss 6.9000  WARNING 33.1% rows not trained  ETA ")
     writer.close()
+
+
+def test_a_skipped_parquet_row_is_named_by_its_row_in_the_file_on_every_rank(tmp_path, tokenizer):
+    """A map-style source `datasets` reads itself: each rank reads a contiguous share, and a row it
+    cannot read is named by the file's 1-based row, not by its place in that rank's share; the row
+    a reward function or the chat template gets has the file's columns only."""
+    import datasets
+
+    rows = [{"messages": CONVERSATION}] * 12
+    rows[8] = {"messages": [{"role": "wizard", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]}
+    path = tmp_path / "chats.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    source = chat(path, max_dropped=None)  # one row in six
+    second_half = PackedDataset(source, tokenizer, seq_len=512, dp_rank=1, dp_world_size=2, infinite=False)
+    list(second_half)
+    assert second_half.stats["rows"] == 6 and second_half.stats["skipped"] == 1
+    [skipped] = second_half.data_stats()["examples"]["skipped"]
+    assert skipped.startswith(f"row 9 of {path}: ") and "wizard" in skipped
+    row, where = second_half._read(next(iter(second_half._original_data)))
+    assert (sorted(row), where) == (["messages"], f"row 7 of {path}")

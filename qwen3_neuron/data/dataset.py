@@ -11,7 +11,8 @@ Counts (`stats`): rows read, documents read, overlong documents truncated / drop
 rows skipped because they cannot be read (not JSON, not a conversation); and of the samples
 handed out, their tokens, the tokens with a loss and the padding. `data_stats()` adds the
 documents still waiting in the packer and, for each fate but the plain one, its first few rows
-with where they are (file and 1-based line for JSON) and why, in words that say what to change.
+with where they are (file and 1-based line for JSON, 1-based row of the source for the other
+formats read map-style) and why, in words that say what to change.
 An overlong or skipped row is logged (the first, then at each power of two) and the counts reach
 summary.json and the end-of-run lines.
 
@@ -91,9 +92,10 @@ class PackedDataset(IterableDataset, Stateful):
         return tokens, [True] * len(tokens)
 
     def _read(self, example: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-        """The row and where it is: its file and line (JSON), else its place in this rank's share."""
+        """The row and where it is: its file and line (JSON), its row in the source (map-style), else
+        (streamed) its place in this rank's share."""
         try:
-            row, where = read_row(example)
+            row, where = read_row(example, self.source.name())
         except RowError as e:
             where, _, why = str(e).partition(": ")
             self._count("skipped", where, why)

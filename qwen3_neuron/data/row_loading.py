@@ -37,6 +37,8 @@ from qwen3_neuron.errors import ConfigError
 
 # a JSON row in `datasets`: its text, its file, and where in the file ("line 7", or "item 3" of an array)
 JSON_TEXT, JSON_FILE, JSON_AT = "json_text", "json_file", "json_at"
+# a map-style row of the other formats: its 0-based place in the source (its files in order)
+SOURCE_ROW = "__source_row"
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text", ".arrow": "arrow"}
 SAVED_DIR_FILES = ("dataset_info.json", "dataset_dict.json", "state.json")  # what save_to_disk writes
@@ -97,7 +99,20 @@ def _builder_of(files: list[str], key: str) -> str:
 
 
 def load_rows(source, *, streaming: bool, cache_dir: str | None) -> Any:
-    """The source's rows: a `datasets.Dataset` (map-style) or `IterableDataset` (streaming)."""
+    """The source's rows: a `datasets.Dataset` (map-style) or `IterableDataset` (streaming).
+    Map-style rows `datasets` reads itself carry their place in the source (`SOURCE_ROW`), so a
+    skipped row is named by it, not by its place in a rank's share."""
+    import datasets
+
+    rows = _load_rows(source, streaming, cache_dir)
+    if isinstance(rows, datasets.Dataset) and JSON_TEXT not in rows.column_names:
+        import numpy as np
+
+        rows = rows.add_column(SOURCE_ROW, np.arange(len(rows)))  # in memory: 8 bytes a row, no cache written
+    return rows
+
+
+def _load_rows(source, streaming: bool, cache_dir: str | None) -> Any:
     import datasets
 
     if source.hf_dataset:
@@ -123,11 +138,14 @@ class RowError(ValueError):
     """A row that cannot be read as the object it should be; the message says where and why."""
 
 
-def read_row(example: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """The row `datasets` handed out, as the data set ships it, and where it is in its file
-    ("/data/chats.jsonl line 7"; None for the formats `datasets` reads itself)."""
+def read_row(example: dict[str, Any], source_name: str) -> tuple[dict[str, Any], str | None]:
+    """The row `datasets` handed out, as the data set ships it, and where it is: in its file
+    ("/data/chats.jsonl line 7"), or in the source ("row 35 of notes.parquet", 1-based, map-style);
+    None for a streamed row of the formats `datasets` reads itself."""
     if JSON_TEXT not in example:
-        return dict(example), None
+        row = dict(example)
+        place = row.pop(SOURCE_ROW, None)
+        return row, None if place is None else f"row {place + 1} of {source_name}"
     where = f"{example[JSON_FILE]} {example[JSON_AT]}"
     return parse_json_row(example[JSON_TEXT], where), where
 
