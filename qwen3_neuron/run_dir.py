@@ -3,9 +3,10 @@ is read or written. Both sides of torchrun import this module; it imports nothin
 
     <run dir>/.lock               the launch that owns the run dir while it runs (host, pid, since);
                                   `.lock.nodeN` for node N > 0 of a multi-node job (launch.run_lock)
-    <run dir>/job.yaml            the resolved composed config; workers rebuild from it
+    <run dir>/job.yaml            the settled job (the resolved composed config); every rank reads it
     <run dir>/trainer_config.json the final torchtitan config, for people (and a refused resume's message)
-    <run dir>/.plan_*.<token>     the plan's request, result or error while torchrun starts (below)
+    <run dir>/command.sh          the torchrun command with its environment
+    <run dir>/.plan_*.<token>     local rank 0's plan or its error, and the go (`handoff`)
     <run dir>/failure.json        why a worker stopped: the user's mistake any rank found, or rank
                                   0's crash with its traceback's end; the last good checkpoint
     <run dir>/export.json         rank 0's HF export: the summary's export_dir (adapter_dir), or its error
@@ -23,32 +24,18 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/PLAN_ONLY.txt       left by a dry run or `run.show_data`: the record beside it is a
                                   plan that never trained (a launch may still use the dir)
     <sweep dir>/.stop_sweep       left by a job that stops the sweep: later jobs skip
-
-The launcher starts torchrun as soon as the framework's own settings parse, and the plan is made
-by local rank 0 once it has imported torchtitan (which the launcher then never imports): on
-2 cores a third torchtitan import would delay every worker. The launcher gives the workers a
-handoff (`HANDOFF_ENV`: a token for this launch and its pid) and writes what to plan
-(`.plan_request.<token>.json`: the settled job, whose device every worker installs its fixes
-for first, and the torchrun command). Local rank 0 plans and records (job.yaml ...), then writes `.plan_ready.<token>` (the `PlannedRun` the
-launcher reports with) or `.plan_error.<token>` (the config or data error). The launcher, once it has
-written what the workers read when they build (peak_flops.json: measured while they wait),
-writes `.plan_go.<token>`; every rank waits for it, and stops at a plan error or when the
-launcher is gone. One set of files per launch: the nodes of a multi-node job may share the run
-dir. A worker run by hand from a recorded run dir has no handoff and reads job.yaml at once.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 JOB_FILE = "job.yaml"
+COMMAND_FILE = "command.sh"
 TRAINER_CONFIG_FILE = "trainer_config.json"
 FAILURE_FILE = "failure.json"
 EXPORT_FILE = "export.json"
@@ -63,34 +50,8 @@ SUMMARY_FILE = "summary.json"
 DATA_STATS_DIR = "data_stats"
 WHAT_RAN_DIR = "what_ran"
 STOP_FILE = ".stop_sweep"
-HANDOFF_ENV = "QWEN3_NEURON_HANDOFF"
 LOCK_FILE = ".lock"
 PLAN_ONLY_FILE = "PLAN_ONLY.txt"
-
-_PLAN_POLL_SECONDS = 0.02
-PLANNING_LINE = "[qwen3-neuron] local rank 0: torchtitan imported; planning for the launcher"
-PLAN_FAILED_EXIT = 2  # local rank 0's exit code when the plan found a config error
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    """What the launcher needs of a plan to run and report the job, without torchtitan."""
-
-    steps: int
-    world_size: int
-    parameters: dict[str, int]  # trainable_parameters, total_parameters
-    replacements: list[str]  # torchtitan's "[Override] target: fqn Old -> New" lines
-    messages: list[str]  # the plan's warnings and notes, for the launcher to print
-    vocab_size: int  # the first-loss check's reference, ln(vocab_size)
-    weights_loaded: bool  # the run starts from initial weights
-    dtype: str  # the matmuls' dtype, for the peak FLOPs
-    exports_hf: bool  # the last save is in HF: global rank 0 exports after training (EXPORT_FILE)
-    # the run dir's checkpoint it loads, and the damaged ones skipped: {checkpoint_loaded, checkpoints_skipped}
-    checkpoint: dict[str, Any] = field(default_factory=dict)
-
-    def replacements_by_override(self) -> dict[str, list[str]]:
-        """{override target: ["fqn Old -> New", ...]}, for the summary."""
-        return group_replacements(self.replacements)
 
 
 def group_replacements(lines: list[str]) -> dict[str, list[str]]:
@@ -112,78 +73,7 @@ def summarize_replacements(lines: list[str]) -> list[str]:
     return [f"{n} x {change} ({target})" if n > 1 else f"{change} ({target})" for (target, change), n in counts.items()]
 
 
-@dataclass(frozen=True)
-class Handoff:
-    """What workers started before the plan was made need to know meanwhile."""
-
-    token: str  # names this launch's plan files
-    launcher_pid: int
-
-    def to_env(self) -> dict[str, str]:
-        return {HANDOFF_ENV: json.dumps(asdict(self))}
-
-    @classmethod
-    def from_env(cls) -> Handoff | None:
-        value = os.environ.get(HANDOFF_ENV)
-        return cls(**json.loads(value)) if value else None
-
-    def files(self, run_dir: Path) -> dict[str, Path]:
-        return {kind: run_dir / f".plan_{kind}.{self.token}" for kind in ("request", "ready", "error", "go")}
-
-    # ---- launcher
-    def request_plan(self, run_dir: Path, request: dict[str, Any]) -> None:
-        """What local rank 0 plans: {"job": the settled job's composed config, "launch": its torchrun command}."""
-        _write_atomically(self.files(run_dir)["request"], json.dumps(request))
-
-    def wait_for_plan(self, run_dir: Path, alive) -> PlannedRun | tuple[str, str] | None:
-        """Local rank 0's PlannedRun, the user's mistake it found (`plan_failed`'s label and
-        message), or None if `alive()` turned false first."""
-        files = self.files(run_dir)
-        while True:
-            if files["ready"].exists():
-                return PlannedRun(**json.loads(files["ready"].read_text()))
-            if files["error"].exists():
-                error = json.loads(files["error"].read_text())
-                return error["label"], error["message"]
-            if not alive():
-                return None
-            time.sleep(_PLAN_POLL_SECONDS)
-
-    def let_workers_build(self, run_dir: Path) -> None:
-        """After the plan, once the run dir holds what the workers read when they build."""
-        _write_atomically(self.files(run_dir)["go"], "")
-
-    def remove_files(self, run_dir: Path) -> None:
-        for path in self.files(run_dir).values():
-            path.unlink(missing_ok=True)
-
-    # ---- workers
-    def read_request(self, run_dir: Path) -> dict[str, Any]:
-        return json.loads(self.files(run_dir)["request"].read_text())
-
-    def plan_ready(self, run_dir: Path, planned: PlannedRun) -> None:
-        """Local rank 0: the plan is recorded; every rank may build."""
-        _write_atomically(self.files(run_dir)["ready"], json.dumps(asdict(planned)))
-
-    def plan_failed(self, run_dir: Path, label: str, message: str) -> None:
-        """Local rank 0: the plan found a mistake the user can fix ("Config error", its message)."""
-        _write_atomically(self.files(run_dir)["error"], json.dumps({"label": label, "message": message}))
-
-    def wait_for_go(self, run_dir: Path) -> None:
-        """Every rank: return once the launcher lets the workers build (local rank 0 recorded the
-        plan); exit if the plan failed or the launcher is gone."""
-        files = self.files(run_dir)
-        while not files["go"].exists():
-            if files["error"].exists():
-                raise SystemExit(PLAN_FAILED_EXIT)
-            try:
-                os.kill(self.launcher_pid, 0)
-            except ProcessLookupError:
-                raise SystemExit(f"the launcher (pid {self.launcher_pid}) exited before the plan was ready")
-            time.sleep(_PLAN_POLL_SECONDS)
-
-
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     """Readers (a launcher polling, a summary after a crash) never see `path` half written: on
     a full disk it is left as it was."""
     partial = path.with_name(path.name + ".partial")
@@ -229,7 +119,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
-    _write_atomically(path, json.dumps(value, indent=2) + "\n")
+    write_atomically(path, json.dumps(value, indent=2) + "\n")
 
 
 def earlier_run(run_dir: Path) -> str | None:

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from qwen3_neuron.assets.build import ASSETS_ENV_VAR, build_assets
 from qwen3_neuron.job.job import Job
+from qwen3_neuron.job.torchrun import WorkerLaunch, worker_launch
 from qwen3_neuron.launch import hydra_setup as project_compose
 from qwen3_neuron.report.peak_flops import CACHE_ENV_VAR
 
@@ -209,3 +210,16 @@ def command_lines():
             yield int(cmdline.parent.name), cmdline.read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
+
+
+def plan_of(job: Job, run_dir: Path):
+    """The plan of a parsed `job` as a dry run makes it: settled, then planned in this process."""
+    from qwen3_neuron.job.plan import make_plan  # torchtitan: imported by the tests that plan only
+
+    settled = job.settled()
+    return make_plan(settled, run_dir, worker_launch(settled, run_dir).nproc_per_node)
+
+
+def launch_of(plan) -> WorkerLaunch:
+    """The torchrun command and environment the launcher starts the workers of `plan_of`'s job with."""
+    return worker_launch(plan.job, Path(plan.trainer_config.dump_folder))

@@ -10,10 +10,9 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, SESSION_CACHE, compose_job, launch, processes_mentioning
+from conftest import REPO, SESSION_CACHE, compose_job, launch, plan_of, processes_mentioning
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.job.plan import make_plan
 
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"
@@ -186,7 +185,7 @@ PLAN_TIME = [
 
 def test_an_override_meant_for_other_models_passes_the_plan_with_kernels_allow_unused(tmp_path, assets):
     overrides = ["kernels.overrides=[qwen3_neuron.kernels.moe.blockwise.blockwise_experts]", "kernels.allow_unused=true"]
-    plan = make_plan(compose_job(*overrides), tmp_path / "run")  # no "matches no node" refusal
+    plan = plan_of(compose_job(*overrides), tmp_path / "run")  # no "matches no node" refusal
     assert [e if isinstance(e, str) else e[0] for e in plan.trainer_config.override.imports].count(BLOCKWISE) == 1
     assert not [line for line in plan.replacements if BLOCKWISE in line]  # it replaced nothing, as allowed
 
@@ -250,7 +249,7 @@ def test_bad_input_fails_at_plan_time_naming_the_key(tmp_path, assets, bad_data,
     run_dir = tmp_path / "run"
     overrides = [o.replace("{bad}", str(bad_data)) for o in overrides]
     with pytest.raises(ConfigError) as error:
-        make_plan(compose_job(*overrides), run_dir)
+        plan_of(compose_job(*overrides), run_dir)
     expected = [text.replace("{bad}", str(bad_data)) for text in expected]
     for text in expected:
         assert text in str(error.value)

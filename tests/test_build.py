@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config, compose_job, launch
+from conftest import compose_config, compose_job, launch, plan_of
 
 from qwen3_neuron.job.job import Job
-from qwen3_neuron.job.plan import make_plan
-from qwen3_neuron.job.record import write_record
+from qwen3_neuron.job.record import record_job
 from qwen3_neuron.job.trainer_config import build_trainer_config
 from qwen3_neuron.run_dir import read_job
 
@@ -47,9 +46,9 @@ def test_workers_rebuild_the_planned_config_without_the_plans_checks(tmp_path, a
     snapshot = cached_hub_snapshot(tmp_path / "hub", repo_id, assets.tiny_qwen3_dir)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     run_dir = tmp_path / "run"
-    plan = make_plan(compose_job("experiment=cpu_qwen3_tiny_hf", f"model.hf_model={repo_id}"), run_dir)
+    plan = plan_of(compose_job("experiment=cpu_qwen3_tiny_hf", f"model.hf_model={repo_id}"), run_dir)
     assert not torch.distributed.is_initialized()  # ParallelDims was checked, no process group made
-    write_record(run_dir, plan.job, plan)
+    record_job(run_dir, plan.job, "torchrun")
     job = read_job(run_dir)
     assert job["model"]["hf_model"] == str(snapshot.resolve())  # the Hub id, resolved once, here
 
@@ -61,7 +60,7 @@ def test_workers_rebuild_the_planned_config_without_the_plans_checks(tmp_path, a
     global _opened
     _opened = []
     try:
-        config = build_trainer_config(Job.read(run_dir), run_dir)
+        config = build_trainer_config(Job.recorded(read_job(run_dir)), run_dir)
     finally:
         opened, _opened = _opened, None
     read_from_model_dir = [Path(p).name for p in opened if p.startswith(str(snapshot.resolve()))]
@@ -79,7 +78,7 @@ def test_the_plan_checks_what_the_workers_no_longer_do(tmp_path, assets):
     written = json.loads((model_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps({**written, "vocab_size": 1024}))
     with pytest.raises(ConfigError, match=r"tokenizer.json has token id \d+, but the model's vocab_size is 1024"):
-        make_plan(compose_job("experiment=cpu_qwen3_tiny_hf", f"model.hf_model={model_dir}"), tmp_path / "run")
+        plan_of(compose_job("experiment=cpu_qwen3_tiny_hf", f"model.hf_model={model_dir}"), tmp_path / "run")
 
 
 # ---- integration: the worker runs torchtitan's trainer as torchtitan.train.main does ------------
@@ -115,7 +114,7 @@ def test_local_tensor_mode_skips_training_as_torchtitan_does(tmp_path, assets):
 @pytest.mark.parametrize("overrides", [[], ["experiment=cpu_qwen3_tiny_lora"]], ids=["default", "lora"])
 def test_a_plan_parses_the_settings_builds_the_config_and_the_meta_model_once(tmp_path, assets, monkeypatch, overrides):
     """What local rank 0 does before it trains (with the plan's job and config, building nothing
-    more); every other rank parses and builds once too (`Job.read`, `build_trainer_config`)."""
+    more); every other rank parses and builds once too (`Job.recorded`, `build_trainer_config`)."""
     from collections import Counter
 
     from qwen3_neuron.job import settings
@@ -140,11 +139,11 @@ def test_a_plan_parses_the_settings_builds_the_config_and_the_meta_model_once(tm
     count(memory, "meta_model")
     composed = compose_config(*overrides)
     counts.clear()  # what composing cost is Hydra's
-    planned = make_plan(Job.parse(composed), tmp_path / "run")
+    planned = plan_of(Job.parse(composed), tmp_path / "run")
     # base_config: the one the config is built on, and one whose key names the launcher's key
     # schema is checked against (trainer_keys.schema_disagreement)
     assert counts == {"apply_fields": 1, "base_config": 2, "meta_model": 1}
-    write_record(tmp_path / "run", planned.job, planned)
+    record_job(tmp_path / "run", planned.job, "torchrun")
     counts.clear()
-    build_trainer_config(Job.read(tmp_path / "run"), tmp_path / "run")  # the other ranks
+    build_trainer_config(Job.recorded(read_job(tmp_path / "run")), tmp_path / "run")  # the other ranks
     assert counts == {"apply_fields": 1, "base_config": 1}

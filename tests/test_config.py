@@ -8,14 +8,13 @@ import shutil
 from typing import Literal
 
 import pytest
-from conftest import compose_config, compose_job, launch
+from conftest import compose_config, compose_job, launch, launch_of, plan_of
 from torchtitan.trainer import Trainer
 
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.fields import hint_from_text, hint_text
 from qwen3_neuron.job import trainer_keys as trainer_keys_module
 from qwen3_neuron.job.job import Job
-from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.job.settings import parse_settings
 from qwen3_neuron.job.trainer_config import build_trainer_config
 from qwen3_neuron.job.trainer_keys import KEYS_FILE, check_trainer_keys, installed_torchtitan, trainer_keys
@@ -24,19 +23,19 @@ from qwen3_neuron.run_dir import earlier_run
 
 
 def plan_for(tmp_path, *overrides):
-    return make_plan(compose_job(*overrides), tmp_path / "run")
+    return plan_of(compose_job(*overrides), tmp_path / "run")
 
 
 def test_default_config_plans_tiny_native_on_two_cpu_ranks(tmp_path, assets):
     plan = plan_for(tmp_path)
     config = plan.trainer_config
-    assert (plan.device, plan.launch.nproc_per_node) == ("cpu", 2)
+    assert (plan.device, launch_of(plan).nproc_per_node) == ("cpu", 2)
     assert config.model_spec.name == "qwen3" and config.model_spec.flavor == "tiny"
     assert (config.training.steps, config.training.seq_len, config.training.local_batch_size) == (30, 256, 4)
     assert config.dump_folder == str(tmp_path / "run")
     assert config.hf_assets_path == str(assets.tokenizer_dir)
     assert config.dataloader.dataset_path == str(assets.text_dataset_dir)
-    assert "--nproc_per_node=2" in plan.launch.command and plan.launch.command[-2:] == ["qwen3_neuron.worker.train", str(tmp_path / "run")]
+    assert "--nproc_per_node=2" in launch_of(plan).command and launch_of(plan).command[-2:] == ["qwen3_neuron.worker.train", str(tmp_path / "run")]
     # fields nobody set keep the base config function's (qwen3_32b) values
     assert config.checkpoint.export_dtype == "float16"
     assert config.optimizer.param_groups[0].optimizer_kwargs["weight_decay"] == 0.1
@@ -112,7 +111,7 @@ def test_the_launcher_names_a_misspelled_torchtitan_key_as_the_plan_does(tmp_pat
     assert str(at_launch.value).startswith("Unknown config key")
     if "model=hf" not in overrides:  # the plan needs the HF dir too
         with pytest.raises(ConfigError) as in_plan:
-            make_plan(Job.parse(composed), tmp_path / "run")
+            plan_of(Job.parse(composed), tmp_path / "run")
         assert str(in_plan.value) == str(at_launch.value)
 
 
@@ -127,7 +126,7 @@ def test_the_launcher_names_a_wrong_type_in_torchtitans_sections_as_the_plan_doe
     with pytest.raises(ConfigError) as at_launch:
         check_trainer_keys(composed, parse_settings(composed))
     with pytest.raises(ConfigError) as in_plan:
-        make_plan(Job.parse(composed), tmp_path / "run")
+        plan_of(Job.parse(composed), tmp_path / "run")
     assert str(at_launch.value) == str(in_plan.value) == message
 
 

@@ -300,13 +300,12 @@ def test_txt_sample_by_makes_a_document_of_each_paragraph_file_or_line(tmp_path,
 
 
 def test_data_txt_sample_by_reaches_the_loader(tmp_path, assets):
-    from conftest import compose_job
+    from conftest import compose_job, plan_of
 
-    from qwen3_neuron.job.plan import make_plan
 
     (tmp_path / "notes.txt").write_text(NOTES)
     job = compose_job("data=text", f"data.files={tmp_path / 'notes.txt'}", "data.txt_sample_by=line")
-    [source] = make_plan(job, tmp_path / "run").trainer_config.dataloader.sources
+    [source] = plan_of(job, tmp_path / "run").trainer_config.dataloader.sources
     assert source.txt_sample_by == "line"
 
 
@@ -362,13 +361,12 @@ def test_resuming_from_the_state_gives_the_very_next_samples(tmp_path, tokenizer
 
 
 def test_show_data_prints_rank_0_samples_with_the_spans_without_loss_marked(tmp_path, assets):
-    from conftest import compose_job
+    from conftest import compose_job, plan_of
 
     from qwen3_neuron.data.preview import show_samples
-    from qwen3_neuron.job.plan import make_plan
 
     overrides = ("data=chat", "data.packing=greedy", "training.seq_len=256", "run.show_data=1")  # in row order
-    plan = make_plan(compose_job(*overrides), tmp_path / "run")
+    plan = plan_of(compose_job(*overrides), tmp_path / "run")
     text = show_samples(plan.trainer_config, 1, dp_world_size=2)
     first = json.loads(assets.chat_train_file.read_text().splitlines()[0])["messages"]
     assert text.startswith("=== sample 1 of rank 0: 2 document(s)")
@@ -382,16 +380,15 @@ def test_show_data_prints_rank_0_samples_with_the_spans_without_loss_marked(tmp_
 def test_show_data_from_the_command_line_prints_the_samples_and_starts_nothing(tmp_path, assets):
     """`launch.py ... run.show_data=2`: the launcher plans and prints rank 0's samples of the
     2-rank job itself; no torchrun starts (no rank logs, no train.log), nothing trains."""
-    from conftest import compose_job, launch
+    from conftest import compose_job, launch, plan_of
 
     from qwen3_neuron.data.preview import show_samples
-    from qwen3_neuron.job.plan import make_plan
 
     overrides = ("data=chat", "training.seq_len=256", "run.show_data=2")
     run_dir = tmp_path / "run"
     result = launch(run_dir, *overrides, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    plan = make_plan(compose_job(*overrides), tmp_path / "in-process")
+    plan = plan_of(compose_job(*overrides), tmp_path / "in-process")
     assert show_samples(plan.trainer_config, 2, dp_world_size=2) in result.stdout
     assert "=== sample 2 of rank 0: " in result.stdout and "=== sample 3 " not in result.stdout
     assert "[qwen3-neuron] run.show_data=2: rank 0's first 2 samples shown; nothing trained" in result.stdout
@@ -429,10 +426,9 @@ def test_the_progress_line_shows_the_last_validation_loss(tmp_path):
 
 
 def test_a_mix_interleaves_text_and_chat_sources_by_weight(tmp_path, tokenizer, assets):
-    from conftest import compose_job
+    from conftest import compose_job, plan_of
 
     from qwen3_neuron.data.loader import PackedDataLoader
-    from qwen3_neuron.job.plan import make_plan
 
     texts = write_jsonl(tmp_path / "texts.jsonl", [{"text": f"plain text number {i}"} for i in range(50)])
     chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 50)
@@ -447,7 +443,7 @@ def test_a_mix_interleaves_text_and_chat_sources_by_weight(tmp_path, tokenizer, 
         kinds.append("chat" if has_prompt else "text")
     assert 0 < kinds.count("chat") < kinds.count("text")  # weights 3:1, a seeded draw
     assert loader.data_stats()["documents"] > 0
-    plan = make_plan(compose_job("data=mix"), tmp_path / "run")  # conf/data/mix.yaml's example
+    plan = plan_of(compose_job("data=mix"), tmp_path / "run")  # conf/data/mix.yaml's example
     assert [s.format for s in plan.trainer_config.dataloader.sources] == ["text", "chat"]
 
 

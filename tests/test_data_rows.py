@@ -140,14 +140,13 @@ def test_the_end_of_run_lines_account_for_every_row_of_every_rank(tmp_path):
 
 
 def test_the_plan_says_what_the_first_rows_lose_at_this_seq_len(tmp_path, assets):
-    from conftest import compose_job
+    from conftest import compose_job, plan_of
 
-    from qwen3_neuron.job.plan import make_plan
 
     rows = [{"messages": CONVERSATION}, LONG_PROMPT, LONG_REPLY, {"messages": CONVERSATION}]
     path = write_jsonl(tmp_path / "chats.jsonl", rows)
     said = []
-    make_plan(compose_job("data=chat", f"data.files={path}", "data.val_files=null", "training.seq_len=100",
+    plan_of(compose_job("data=chat", f"data.files={path}", "data.val_files=null", "training.seq_len=100",
                           "data.max_dropped=0.5"), tmp_path / "run", warn=said.append)  # fmt: skip
     assert [line for line in said if " data: " in line] == [
         f"[qwen3-neuron] data: of the 4 rows of {path} at training.seq_len 100, 1 would be truncated and 1 dropped "
@@ -158,15 +157,14 @@ def test_the_plan_says_what_the_first_rows_lose_at_this_seq_len(tmp_path, assets
 
 def test_show_data_reads_the_rows_once_and_never_packs_a_conversation_twice(tmp_path, assets, caplog):
     """A preview longer than a small file: one sample holding each conversation once, no re-loop."""
-    from conftest import compose_job
+    from conftest import compose_job, plan_of
 
     from qwen3_neuron.data.preview import show_samples
-    from qwen3_neuron.job.plan import make_plan
 
     replies = [f"Reply number {i}." for i in range(3)]
     rows = [{"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": r}]} for r in replies]
     path = write_jsonl(tmp_path / "chats.jsonl", rows)
-    plan = make_plan(compose_job("data=chat", f"data.files={path}", "data.val_files=null", "run.show_data=3"),
+    plan = plan_of(compose_job("data=chat", f"data.files={path}", "data.val_files=null", "run.show_data=3"),
                      tmp_path / "run")  # fmt: skip
     text = show_samples(plan.trainer_config, 3, dp_world_size=1)
     assert text.startswith("=== sample 1 of rank 0: 3 document(s)") and "=== sample 2" not in text

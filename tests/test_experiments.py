@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import compose_config, compose_job, launch
+from conftest import compose_config, compose_job, launch, launch_of, plan_of
 
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.job.checks.layout import resolve_degrees
-from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.launch.hydra_setup import CONF_DIR, experiment_without_plus
 from qwen3_neuron.models.flavors import moe_dims
 from qwen3_neuron.run_dir import group_replacements
@@ -28,15 +27,15 @@ HAS_TORCH_NEURONX = devices.unavailable_reason("neuron") is None
 
 
 def dry_run(tmp_path, experiment, *overrides):
-    return make_plan(compose_job(f"experiment={experiment}", "run.dry_run=true", *overrides), tmp_path / "run")
+    return plan_of(compose_job(f"experiment={experiment}", "run.dry_run=true", *overrides), tmp_path / "run")
 
 
 def assert_one_trn2_node(plan):
     """64 ranks on one node, Neuron runtime/compiler env, the neuron compile backend."""
-    assert (plan.device, plan.launch.nproc_per_node, plan.world_size) == ("neuron", 64, 64)
-    assert "--standalone" in plan.launch.command and "--nproc_per_node=64" in plan.launch.command
-    assert plan.launch.env["NEURON_LOGICAL_NC_CONFIG"] == "2"
-    assert "--logical-nc-config=2" in plan.launch.env["NEURON_CC_FLAGS"]
+    assert (plan.device, launch_of(plan).nproc_per_node, plan.world_size) == ("neuron", 64, 64)
+    assert "--standalone" in launch_of(plan).command and "--nproc_per_node=64" in launch_of(plan).command
+    assert launch_of(plan).env["NEURON_LOGICAL_NC_CONFIG"] == "2"
+    assert "--logical-nc-config=2" in launch_of(plan).env["NEURON_CC_FLAGS"]
     config = plan.trainer_config
     assert config.compile.enable and config.compile.backend == "neuron"
     degrees = resolve_degrees(config.parallelism, plan.world_size)
@@ -168,7 +167,7 @@ def test_trn2_qwen3_4b_sft_without_data_files_names_the_key(tmp_path, assets):
 
 
 def test_cpu_qwen3_tiny_sft_plans_the_same_flow_on_2_cpu_ranks(tmp_path, assets):
-    plan = make_plan(compose_job("experiment=cpu_qwen3_tiny_sft"), tmp_path / "run")
+    plan = plan_of(compose_job("experiment=cpu_qwen3_tiny_sft"), tmp_path / "run")
     assert (plan.device, plan.world_size) == ("cpu", 2)
     config = plan.trainer_config
     assert config.dataloader.sources[0].format == "chat" and config.validator.enable

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, compose_job, launch, read_jsonl
+from conftest import REPO, TINY, compose_job, launch, plan_of, read_jsonl
 from safetensors.torch import load_file
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.run_dir import read_job
 
 pytestmark = pytest.mark.integration
@@ -182,7 +181,7 @@ def test_an_hf_dir_of_another_architecture_is_refused_at_plan_time(tmp_path, ass
     moe = assets.tiny_qwen3_moe_dir
     overrides = ("model=native", "checkpointing=from_hf", f"checkpoint.initial_load_path={moe}")
     with pytest.raises(ConfigError) as error:
-        make_plan(compose_job(*overrides), tmp_path / "run")
+        plan_of(compose_job(*overrides), tmp_path / "run")
     expected = f"checkpoint.initial_load_path={moe}: {moe}/config.json does not describe the native flavour"
     assert expected in str(error.value)
     assert not (tmp_path / "run").exists()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LORA_DROPOUT, compose_config, compose_job, launch, read_jsonl
+from conftest import LORA_DROPOUT, compose_config, compose_job, launch, plan_of, read_jsonl
 from test_resume import as_of_checkpoint
 from transformers import AutoTokenizer
 
@@ -24,7 +24,6 @@ from qwen3_neuron.hf_io.adapter_export import write_adapter
 from qwen3_neuron.hf_io.verify import fixed_batch
 from qwen3_neuron.job.checks.memory import meta_model
 from qwen3_neuron.job.job import Job
-from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.job.settings import parse_settings
 from qwen3_neuron.job.trainer_config import build_trainer_config
 from qwen3_neuron.models.tiny import TINY_DENSE, TINY_MOE
@@ -82,7 +81,7 @@ def _titan_model(run_dir: Path, state: dict[str, torch.Tensor]):
     """The model the run trained (LoRA included; model=hf: Transformers' Qwen3 with torchtitan's
     LoRALinear layers), built as the plan builds it, on the CPU, holding `state` (None: on the meta
     device, as built)."""
-    config = build_trainer_config(Job.read(run_dir), run_dir)
+    config = build_trainer_config(Job.recorded(read_job(run_dir)), run_dir)
     model = meta_model(config)
     if state is None:  # the architecture alone
         return model, config
@@ -178,7 +177,7 @@ def test_peft_on_the_base_gives_the_trained_models_logits(backend, request, asse
 
     run_dir = _run(request, backend)
     adapters = _checkpoint(run_dir / "checkpoint" / "step-8", tmp_path)
-    config = build_trainer_config(Job.read(run_dir), run_dir)
+    config = build_trainer_config(Job.recorded(read_job(run_dir)), run_dir)
     base = _initial_base(config, assets)
     model, config = _titan_model(run_dir, {**base, **adapters})
     adapter_dir = tmp_path / "adapter"
@@ -373,7 +372,7 @@ def test_dropout_masks_follow_the_step_so_a_resumed_run_draws_the_uninterrupted_
 def test_moe_plan_puts_adapters_on_attention_and_says_experts_are_not_covered(backend, assets, tmp_path, capsys):
     base = {"moe": f"checkpoint.initial_load_path={assets.tiny_qwen3_moe_dir}",
             "hf": f"model.hf_model={assets.tiny_qwen3_moe_dir}"}[backend]  # fmt: skip
-    plan = make_plan(compose_job(f"model={backend}", "finetune=lora", "checkpointing=from_hf", base), tmp_path / "run")
+    plan = plan_of(compose_job(f"model={backend}", "finetune=lora", "checkpointing=from_hf", base), tmp_path / "run")
     note = next(n for n in plan.notes if n.startswith("finetune=lora"))
     assert "routed experts (mlp.experts.*) get no LoRA adapters" in note
     assert "gate_proj, up_proj, down_proj match no Linear layer" in note
@@ -386,7 +385,7 @@ def test_hf_plan_takes_any_subset_of_q_k_v_and_the_model_starts_as_the_base(asse
     """model=hf has one Linear per projection: q and v alone get adapters (native's fused wqkv
     refuses that), as PEFT would put them; B starts at zero, A at torchtitan's Kaiming-uniform."""
     overrides = ["finetune=lora", "checkpointing=from_hf", "finetune.target_modules=[q_proj,v_proj]"]
-    plan = make_plan(compose_job("model=hf", f"model.hf_model={assets.tiny_qwen3_dir}", *overrides), tmp_path / "hf")
+    plan = plan_of(compose_job("model=hf", f"model.hf_model={assets.tiny_qwen3_dir}", *overrides), tmp_path / "hf")
     d, q, kv = TINY_DENSE["hidden_size"], 4 * TINY_DENSE["head_dim"], 2 * TINY_DENSE["head_dim"]
     assert plan.parameters["trainable_parameters"] == RANK * ((d + q) + (d + kv)) * TINY_DENSE["num_hidden_layers"]
     assert not [n for n in plan.notes if n.startswith("finetune=lora")]
@@ -403,18 +402,18 @@ def test_hf_plan_takes_any_subset_of_q_k_v_and_the_model_starts_as_the_base(asse
     assert torch.equal(q_proj.lora_b.weight, torch.zeros_like(q_proj.lora_b.weight))  # the base's function
     assert 0 < q_proj.lora_a.weight.abs().max() <= d**-0.5  # Kaiming-uniform(a=sqrt 5): bound 1/sqrt(in)
     with pytest.raises(ConfigError, match="computes q_proj, k_proj, v_proj with one projection"):
-        make_plan(compose_job(f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}", *overrides), tmp_path / "native")
+        plan_of(compose_job(f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}", *overrides), tmp_path / "native")
 
 
 def test_full_finetune_trains_every_parameter(assets, tmp_path):
-    plan = make_plan(compose_job("run.dry_run=true"), tmp_path / "run")
+    plan = plan_of(compose_job("run.dry_run=true"), tmp_path / "run")
     counts = plan.parameters
     assert counts["trainable_parameters"] == counts["total_parameters"] > 3_000_000
 
 
 def test_lora_memory_estimate_keeps_the_frozen_base_and_drops_its_gradients(assets, tmp_path):
-    full = make_plan(compose_job("run.dry_run=true"), tmp_path / "full").memory
-    lora = make_plan(
+    full = plan_of(compose_job("run.dry_run=true"), tmp_path / "full").memory
+    lora = plan_of(
         compose_job("run.dry_run=true", "finetune=lora", "checkpointing=from_hf",
                        f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"),
         tmp_path / "lora",
@@ -433,9 +432,9 @@ def test_trn2_qwen3_4b_lora_names_the_published_weights_and_plans_64_lora_ranks(
     composed = compose_config("experiment=trn2_qwen3_4b_lora", "run.dry_run=true", files)
     assert composed["finetune"] == {**composed["finetune"], "method": "lora", "rank": 16, "alpha": 32.0}
     with pytest.raises(ConfigError, match="initial_load_path=/fsx/models/Qwen3-4B-Instruct-2507"):
-        make_plan(Job.parse(composed), tmp_path / "4b")  # the published weights are not on this machine
+        plan_of(Job.parse(composed), tmp_path / "4b")  # the published weights are not on this machine
     # the same recipe on the tiny HF dir (its architecture, a RoPE table it covers)
-    plan = make_plan(
+    plan = plan_of(
         compose_job("experiment=trn2_qwen3_4b_lora", "run.dry_run=true", files, "model.flavor=tiny",
                        "training.seq_len=1024", f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}"),
         tmp_path / "tiny",
@@ -451,7 +450,7 @@ def test_trn2_qwen3_4b_lora_names_the_published_weights_and_plans_64_lora_ranks(
 
 
 def test_cpu_qwen3_tiny_lora_plans_the_lora_stand_in(assets, tmp_path):
-    plan = make_plan(compose_job("experiment=cpu_qwen3_tiny_lora"), tmp_path / "run")
+    plan = plan_of(compose_job("experiment=cpu_qwen3_tiny_lora"), tmp_path / "run")
     assert (plan.device, plan.world_size, plan.trainer_config.training.steps) == ("cpu", 2, 5)
     assert plan.parameters["trainable_parameters"] == _adapter_parameters(TINY_DENSE)
     config = plan.trainer_config
@@ -463,9 +462,9 @@ def test_a_moe_lora_export_is_refused_merged_and_planned_as_adapters_alone(asset
     load = ["model=moe", "finetune=lora", "checkpointing=[from_hf,export_hf]",
             f"checkpoint.initial_load_path={assets.tiny_qwen3_moe_dir}"]  # fmt: skip
     with pytest.raises(ConfigError, match="native MoE models have no config.json mapping") as error:
-        make_plan(compose_job(*load), tmp_path / "merged")
+        plan_of(compose_job(*load), tmp_path / "merged")
     assert "finetune.merge_export=false exports the adapters alone" in str(error.value)
-    plan = make_plan(compose_job(*load, "finetune.merge_export=false"), tmp_path / "adapters")
+    plan = plan_of(compose_job(*load, "finetune.merge_export=false"), tmp_path / "adapters")
     assert plan.trainer_config.checkpoint.last_save_in_hf
 
 
@@ -475,7 +474,7 @@ def test_hf_lora_leaves_the_adapters_out_of_the_hf_state_dict(assets, tmp_path):
     hf = ("model=hf", f"model.hf_model={assets.tiny_qwen3_dir}", "checkpointing=from_hf")
     keys = {}
     for name, overrides in {"full": hf, "lora": (*hf, "finetune=lora")}.items():
-        config = make_plan(compose_job(*overrides), tmp_path / name).trainer_config
+        config = plan_of(compose_job(*overrides), tmp_path / name).trainer_config
         state_dict = meta_model(config).state_dict()
         adapter = config.model_spec.state_dict_adapter(config.model_spec.model, config.hf_assets_path)
         keys[name] = (set(state_dict), set(adapter.to_hf(state_dict)))

@@ -8,14 +8,13 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import compose_job
+from conftest import compose_job, plan_of
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from qwen3_neuron.job.checks.memory import GIB, meta_model
-from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.worker.tensor_memory import MEASURED_STEPS, measure_training
 
 
@@ -63,7 +62,7 @@ def _built_static_gib(config, world_size: int) -> dict[str, float]:
     ids=["native-1-rank", "native-2-ranks", "moe-2-ranks", "hf-2-ranks"],
 )
 def test_static_parts_equal_the_local_sizes_of_a_sharded_model(tmp_path, assets, overrides, ranks):
-    plan = make_plan(compose_job(*overrides, f"run.nproc_per_node={ranks}"), tmp_path / "run")
+    plan = plan_of(compose_job(*overrides, f"run.nproc_per_node={ranks}"), tmp_path / "run")
     estimate = plan.memory.to_json()
     built = _built_static_gib(plan.trainer_config, ranks)
     for part, gib in built.items():
@@ -71,7 +70,7 @@ def test_static_parts_equal_the_local_sizes_of_a_sharded_model(tmp_path, assets,
 
 
 def test_a_plan_that_does_not_fit_warns_with_memory_check_warn(tmp_path, assets, capsys):
-    plan = make_plan(compose_job("model.flavor=32B", "run.memory_check=warn"), tmp_path / "run")
+    plan = plan_of(compose_job("model.flavor=32B", "run.memory_check=warn"), tmp_path / "run")
     memory = plan.memory
     assert memory.per_rank_gib > memory.device_gib
     # 32B parameters in float32, sharded over 2 ranks: 4 bytes each for weights and gradients, 8
@@ -83,7 +82,7 @@ def test_a_plan_that_does_not_fit_warns_with_memory_check_warn(tmp_path, assets,
 
 
 def test_a_trn2_dry_run_estimates_against_a_logical_neuroncore(tmp_path, assets):
-    plan = make_plan(compose_job("experiment=trn2_qwen3_4b_native", "run.dry_run=true"), tmp_path / "run")
+    plan = plan_of(compose_job("experiment=trn2_qwen3_4b_native", "run.dry_run=true"), tmp_path / "run")
     memory = plan.memory
     assert (memory.device, memory.device_gib, plan.world_size) == ("neuron", 24.0, 64)
     assert 1 < memory.per_rank_gib < 24  # 4B over 64 FSDP ranks with full activation checkpointing
@@ -105,7 +104,7 @@ def test_planning_model_hf_leaves_transformers_weight_init_as_it_was(tmp_path, a
     from transformers.models.qwen3 import modeling_qwen3
 
     before = (PreTrainedModel.__dict__["_init_weights"], modeling_qwen3.Qwen3DecoderLayer.__dict__["__init__"])
-    make_plan(compose_job("model=hf", "run.dry_run=true"), tmp_path / "run")
+    plan_of(compose_job("model=hf", "run.dry_run=true"), tmp_path / "run")
     after = (PreTrainedModel.__dict__["_init_weights"], modeling_qwen3.Qwen3DecoderLayer.__dict__["__init__"])
     assert after == before
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import compose_job, trained
+from conftest import compose_job, plan_of, trained
 
 from qwen3_neuron.assets.build import build_real_vocab_model
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.job.plan import make_plan
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +43,8 @@ def test_the_estimate_is_within_a_tenth_of_a_real_vocabulary_steps_tracked_peak(
 
 def test_a_plan_refused_at_real_sizes_names_its_biggest_part_first(tmp_path, real_vocab_dir):
     huge = _real_vocab(real_vocab_dir, "training.seq_len=65536", "training.local_batch_size=8")
-    parts = make_plan(compose_job(*huge, "run.memory_check=off"), tmp_path / "off").memory.parts()
+    parts = plan_of(compose_job(*huge, "run.memory_check=off"), tmp_path / "off").memory.parts()
     biggest = max(parts, key=parts.get)
     with pytest.raises(ConfigError) as refused:
-        make_plan(compose_job(*huge), tmp_path / "refused")
+        plan_of(compose_job(*huge), tmp_path / "refused")
     assert f"Biggest: {biggest} {parts[biggest]:.2f} GiB, " in str(refused.value)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import compose_job
+from conftest import compose_job, plan_of
 
-from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.models.flavors import moe_dims
 from qwen3_neuron.run_dir import group_replacements
 
@@ -12,7 +11,7 @@ BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 
 
 def plan_for(tmp_path, *overrides):
-    return make_plan(compose_job(*overrides), tmp_path / "run")
+    return plan_of(compose_job(*overrides), tmp_path / "run")
 
 
 def test_moe_overrides_rebuild_the_experts(tmp_path, assets):

@@ -4,13 +4,13 @@ check that refuses, before torchrun, what Neuron's torch.compile would recompile
 from __future__ import annotations
 
 import pytest
-from conftest import compose_job
+from conftest import compose_job, launch_of, plan_of
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.job.checks.static_shapes import check_static_shapes
-from qwen3_neuron.job.plan import make_plan
+from qwen3_neuron.job.torchrun import compile_cache_line
 
 NEURON_COMPILE = ["device=neuron", "run.dry_run=true", "compile.enable=true", "run.nproc_per_node=2"]
 MOE_NKI = ["experiment=trn2_qwen3_moe_nki", "run.dry_run=true"]
@@ -37,7 +37,7 @@ def user_cache(tmp_path, monkeypatch):
 
 
 def plan_for(tmp_path, *overrides, run="run"):
-    return make_plan(compose_job(*overrides), tmp_path / run)
+    return plan_of(compose_job(*overrides), tmp_path / run)
 
 
 # ---- the NEFF cache: device.cache_dir ------------------------------------------------------------
@@ -46,10 +46,10 @@ def plan_for(tmp_path, *overrides, run="run"):
 def test_moe_nki_plan_names_the_cache_dir_and_what_the_static_shape_check_covered(tmp_path, assets, user_cache):
     plan = plan_for(tmp_path, *MOE_NKI)
     neff = str(user_cache / "neff")
-    assert plan.launch.env[devices.NEFF_CACHE_ENV] == neff  # the workers' env and command.sh
+    assert launch_of(plan).env[devices.NEFF_CACHE_ENV] == neff  # the workers' env and command.sh
     assert plan.job.composed["device"] == {"type": "neuron", "cache_dir": neff}  # job.yaml: a resume reuses it
-    assert plan.compile_cache.startswith(f"compile cache: {neff} (TORCH_NEURONX_NEFF_CACHE_DIR; default")
-    assert "outside its run dir" in plan.compile_cache
+    assert compile_cache_line(None, launch_of(plan)).startswith(f"compile cache: {neff} (TORCH_NEURONX_NEFF_CACHE_DIR; default")
+    assert "outside its run dir" in compile_cache_line(None, launch_of(plan))
     assert plan.static_shapes == (
         "static shapes for compile.backend=neuron: training batches 4 x 2048 tokens, no validation; "
         "MoE experts in 8 layer(s) by qwen3_neuron.kernels.moe.nki.nki_experts"
@@ -63,8 +63,8 @@ def test_every_run_and_sweep_job_shares_one_cache_dir_outside_its_run_dir(tmp_pa
     monkeypatch.chdir(tmp_path)
     first = plan_for(tmp_path, *NEURON_COMPILE, "device.cache_dir=shared/neff", run="job0")
     second = plan_for(tmp_path, *NEURON_COMPILE, "device.cache_dir=shared/neff", run="job1")
-    assert first.launch.env[devices.NEFF_CACHE_ENV] == second.launch.env[devices.NEFF_CACHE_ENV] == str(tmp_path / "shared" / "neff")
-    assert "device.cache_dir" in first.compile_cache
+    assert launch_of(first).env[devices.NEFF_CACHE_ENV] == launch_of(second).env[devices.NEFF_CACHE_ENV] == str(tmp_path / "shared" / "neff")
+    assert "device.cache_dir" in compile_cache_line("shared/neff", launch_of(first))
 
 
 def test_an_exported_neff_cache_is_used_when_the_key_is_unset_and_a_different_one_is_refused(tmp_path, monkeypatch):
@@ -77,7 +77,7 @@ def test_an_exported_neff_cache_is_used_when_the_key_is_unset_and_a_different_on
 
 def test_cache_dir_is_only_for_neuron(tmp_path, assets):
     plan = plan_for(tmp_path, "device.cache_dir=/fsx/neff")
-    assert plan.device == "cpu" and devices.NEFF_CACHE_ENV not in plan.launch.env and plan.compile_cache is None
+    assert plan.device == "cpu" and devices.NEFF_CACHE_ENV not in launch_of(plan).env and compile_cache_line("/fsx/neff", launch_of(plan)) is None
     assert any("device.cache_dir=/fsx/neff is TorchNeuron's NEFF cache: unused on device=cpu" in n for n in plan.notes)
 
 

@@ -121,15 +121,15 @@ def test_a_torchtitan_lacking_an_api_stops_the_workers_plan_naming_it(tmp_path, 
     """Local rank 0 checks before the plan imports them; the launcher prints the error (exit 2)."""
     from torchtitan.components import lora
 
-    from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, Handoff
+    from qwen3_neuron.handoff import PLAN_FAILED_EXIT, Handoff
     from qwen3_neuron.worker.rank0_plan import plan_for_the_launcher
 
     monkeypatch.delattr(lora, "LoRAConverter")  # as in a torchtitan without LoRA
     handoff, run_dir = Handoff("test", os.getpid()), tmp_path / "run"
     run_dir.mkdir()
-    request = {"job": compose_job().settled().composed, "launch": {}}
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun's, in a worker
     with pytest.raises(SystemExit) as stopped:
-        plan_for_the_launcher(run_dir, handoff, request)
+        plan_for_the_launcher(run_dir, handoff, compose_job().settled().composed)
     assert stopped.value.code == PLAN_FAILED_EXIT
     assert json.loads(handoff.files(run_dir)["error"].read_text()) == {"label": "Config error", "message": (
         f"the installed torchtitan ({importlib.metadata.version('torchtitan')}) lacks what this project uses: "

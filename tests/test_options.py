@@ -6,11 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import compose_job
+from conftest import compose_job, plan_of
 
 from qwen3_neuron.devices.torch_capabilities import schedules_take_microbatch_lists
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.launch.hydra_setup import CONF_DIR
 
 TINY_HF = "${assets:tiny_qwen3_dir}"
@@ -85,7 +84,7 @@ def test_every_option_dry_runs_on_the_default_install(tmp_path, assets, option):
         needs, refusal = needs
     job = compose_job(option, *needs, "run.dry_run=true")
     if refusal is None:
-        make_plan(job, tmp_path / "run")
+        plan_of(job, tmp_path / "run")
         return
     with pytest.raises(ConfigError, match=re.escape(refusal)):
-        make_plan(job, tmp_path / "run")
+        plan_of(job, tmp_path / "run")

@@ -20,13 +20,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO, compose_config, compose_job, launch, read_jsonl
+from conftest import REPO, compose_config, compose_job, launch, launch_of, plan_of, read_jsonl
 
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.devices.torch_capabilities import fsdp_takes_spmd_types, schedules_take_microbatch_lists
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.job.checks.layout import resolve_degrees
-from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.job.torchrun import torchrun_args
 from qwen3_neuron.run_dir import group_replacements
 
@@ -38,7 +37,7 @@ NEURON_DRY_RUN = ["device=neuron", "run.dry_run=true"]
 
 
 def plan_for(tmp_path, *overrides):
-    return make_plan(compose_job(*overrides), tmp_path / "run")
+    return plan_of(compose_job(*overrides), tmp_path / "run")
 
 
 def degrees_of(plan) -> tuple[int, ...]:
@@ -67,7 +66,7 @@ def test_every_parallelism_option_composes_and_plans(tmp_path, assets, option, o
     plan = plan_for(tmp_path, f"parallelism={option}", *overrides)
     assert plan.world_size == world_size
     assert degrees_of(plan) == expected
-    assert f"--nproc_per_node={plan.launch.nproc_per_node}" in plan.launch.command
+    assert f"--nproc_per_node={launch_of(plan).nproc_per_node}" in launch_of(plan).command
 
 
 def test_a_degree_is_overridable_on_the_command_line(tmp_path, assets):
@@ -181,12 +180,12 @@ HAS_TORCH_NEURONX = devices.unavailable_reason("neuron") is None
 @pytest.mark.skipif(HAS_TORCH_NEURONX, reason="torch-neuronx is installed here")
 def test_neuron_dry_run_plans_64_ranks_with_the_neuron_env_and_says_it_did_not_check(tmp_path, assets):
     plan = plan_for(tmp_path, *NEURON_DRY_RUN, "compile.enable=true")
-    assert (plan.device, plan.launch.nproc_per_node, plan.world_size) == ("neuron", 64, 64)
-    assert "--nproc_per_node=64" in plan.launch.command and "--standalone" in plan.launch.command
-    assert plan.launch.env["NEURON_LOGICAL_NC_CONFIG"] == "2"
-    assert "--logical-nc-config=2" in plan.launch.env["NEURON_CC_FLAGS"] and "--target=trn2" in plan.launch.env["NEURON_CC_FLAGS"]
-    assert plan.launch.env["TORCH_NEURONX_NEFF_CACHE_DIR"].endswith("neff")
-    assert "OMP_NUM_THREADS" not in plan.launch.env
+    assert (plan.device, launch_of(plan).nproc_per_node, plan.world_size) == ("neuron", 64, 64)
+    assert "--nproc_per_node=64" in launch_of(plan).command and "--standalone" in launch_of(plan).command
+    assert launch_of(plan).env["NEURON_LOGICAL_NC_CONFIG"] == "2"
+    assert "--logical-nc-config=2" in launch_of(plan).env["NEURON_CC_FLAGS"] and "--target=trn2" in launch_of(plan).env["NEURON_CC_FLAGS"]
+    assert launch_of(plan).env["TORCH_NEURONX_NEFF_CACHE_DIR"].endswith("neff")
+    assert "OMP_NUM_THREADS" not in launch_of(plan).env
     assert plan.trainer_config.compile.backend == "neuron"
     assert any("device=neuron is not here" in note and "torch-neuronx" in note for note in plan.notes)
     assert devices.NEURON_ATTENTION_OVERRIDE in plan.trainer_config.override.imports
@@ -292,7 +291,7 @@ def test_run_keys_reach_the_torchrun_command(tmp_path, assets):
         "run.nproc_per_node=1",
     )  # fmt: skip
     assert plan.world_size == 2
-    assert "--rdzv-endpoint=10.0.0.1:29555" in plan.launch.command and "--node-rank=1" in plan.launch.command
+    assert "--rdzv-endpoint=10.0.0.1:29555" in launch_of(plan).command and "--node-rank=1" in launch_of(plan).command
     with pytest.raises(ConfigError, match="run.nnodes=2 needs run.rdzv_endpoint"):
         plan_for(tmp_path, "run.nnodes=2")
     # a numeric id (a SLURM job id, or a uuid prefix of digits only), which Hydra reads as an int,

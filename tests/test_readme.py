@@ -13,10 +13,9 @@ import shutil
 
 import pytest
 import torch
-from conftest import REPO, compose_config, compose_job
+from conftest import REPO, compose_config, compose_job, plan_of
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from qwen3_neuron.job.plan import make_plan
 
 
 def readme_commands() -> list[str]:
@@ -58,7 +57,7 @@ def test_every_readme_command_plans_as_written(users_dir, command):
     if "device=cuda" in overrides and not torch.cuda.is_available():
         overrides.append("run.nproc_per_node=1")  # a dry run for GPUs that are not here is told how many
     for job in sweep_jobs(overrides):
-        make_plan(compose_job(*job, "run.dry_run=true"), users_dir / "run")
+        plan_of(compose_job(*job, "run.dry_run=true"), users_dir / "run")
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:

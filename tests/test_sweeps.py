@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SWEEP_JOB, compose_job, read_jsonl
+from conftest import REPO, SWEEP_JOB, compose_job, plan_of, read_jsonl
 from hydra import compose, initialize_config_dir
 
-from qwen3_neuron.job.plan import make_plan
 from qwen3_neuron.job.record import training_dtype
 from qwen3_neuron.launch import hydra_setup as project_compose
 from qwen3_neuron.launch.progress import Progress
@@ -226,7 +225,7 @@ def test_the_optuna_example_composes_into_a_search_space_the_plan_accepts(tmp_pa
     assert cfg.hydra.callbacks.sweep_report._target_ == "qwen3_neuron.report.hydra_callbacks.SweepReport"
     assert set(sweeper.params) == {"optimizer.lr", "optimizer.weight_decay", "lr_scheduler.warmup_steps"}
     # one point of the space: every searched key is a key the plan knows
-    plan = make_plan(
+    plan = plan_of(
         compose_job("experiment=optuna_lr", "optimizer.lr=1e-3", "optimizer.weight_decay=0.05",
                        "lr_scheduler.warmup_steps=2"),
         tmp_path / "run",
@@ -400,7 +399,7 @@ def test_peak_is_taken_from_the_machine_cache_and_neuron_uses_the_vendor_figure(
 
 
 def test_training_dtype_follows_fsdp_mixed_precision(tmp_path, assets):
-    config = make_plan(compose_job(), tmp_path / "run").trainer_config
+    config = plan_of(compose_job(), tmp_path / "run").trainer_config
     config.training.mixed_precision_param = "bfloat16"
     assert training_dtype(config) == "bfloat16"  # mixed_precision_param, FSDP's compute dtype
     config.training.mixed_precision_param = "float32"

@@ -19,7 +19,8 @@ from qwen3_neuron.job.job import Job
 from qwen3_neuron.job.torchrun import worker_launch
 from qwen3_neuron.launch.process import Torchrun
 from qwen3_neuron.launch.run_job import _Workers
-from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
+from qwen3_neuron.handoff import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
+from qwen3_neuron.run_dir import read_job
 
 pytestmark = pytest.mark.integration
 
@@ -43,12 +44,15 @@ def test_default_run_trains_and_the_loss_falls(default_run):
 
 
 def test_each_process_parses_the_job_once_and_each_rank_builds_its_config_once(default_run):
-    """The launcher parses and settles the job and builds nothing (no torchtitan); local rank 0
-    parses the job the launcher sent and trains with the config its plan built and checked; rank 1
-    parses job.yaml and builds once."""
+    """The launcher parses, settles and checks the job (the only `check_settings`) and builds
+    nothing (no torchtitan); every rank parses the job.yaml the launcher wrote once, local rank 0
+    trains with the config its plan built and checked, rank 1 builds once. No plan request is
+    left (there is none)."""
     assert process_counts(default_run) == {
-        "launcher parse": 1, "rank0 parse": 1, "rank0 build": 1, "rank1 parse": 1, "rank1 build": 1,
+        "launcher parse": 1, "launcher check": 1, "rank0 parse": 1, "rank0 build": 1, "rank1 parse": 1,
+        "rank1 build": 1,
     }  # fmt: skip
+    assert [p.name for p in default_run.glob(".plan_*")] == []
 
 
 def test_metrics_and_summary_agree_with_what_the_workers_logged(default_run):
@@ -129,27 +133,34 @@ def _steps_logged(run_dir) -> int:
 def test_local_rank_0_plans_and_a_config_error_it_finds_stops_every_worker(tmp_path, assets):
     """What the launcher does for every run that trains: torchrun starts before any torchtitan
     import in the launcher; local rank 0 plans once it has imported torchtitan, the other rank
-    waits. A config error only torchtitan finds comes back to the launcher, and stopping the
-    workers removes what they wrote, and only that: here the run dir holds an earlier launch's
-    logs, as a resumed run's does. (A fresh run dir is left empty: test_bad_inputs.py.)"""
+    waits. The launcher records the settled job (job.yaml, command.sh) before torchrun starts,
+    and local rank 0 plans from that file. A config error only torchtitan finds comes back to
+    the launcher, and stopping the workers removes what this launch wrote, and only that: here
+    the run dir holds an earlier launch's record and logs, as a resumed run's does, and gets them
+    back. (A fresh run dir is left empty: test_bad_inputs.py.)"""
     run_dir = tmp_path / "run"
     earlier_rank_log = run_dir / "ranks" / "earlier_launch" / "attempt_0" / "0" / "stdout.log"
     earlier_rank_log.parent.mkdir(parents=True)
     earlier_rank_log.write_text("step 4\n")
-    (run_dir / "train.log").write_text("the earlier launch's output\n")
+    earlier = {"train.log": "the earlier launch's output\n", "job.yaml": "training:\n  seq_len: 128\n", "command.sh": "torchrun\n"}
+    for name, text in earlier.items():
+        (run_dir / name).write_text(text)
     job = Job.parse(compose_config("training.seq_len=4096")).settled()  # torchtitan's RoPE bound: the plan's
-    workers = _Workers(job, worker_launch(job, run_dir), run_dir)
+    launch = worker_launch(job, run_dir)
+    workers = _Workers(job, launch, run_dir)
+    assert read_job(run_dir) == job.composed  # what every rank reads: written before any of them starts
+    assert (run_dir / "command.sh").read_text() == f"#!/bin/sh\n{launch.command_line()}\n"
     with pytest.raises(ConfigError, match="training.seq_len=4096 is too long for qwen3 tiny"):
         workers.wait_for_plan()
     this_launch = [p for p in run_dir.glob("ranks/*/attempt_0/0/stdout.log") if p != earlier_rank_log]
     assert len(this_launch) == 1 and PLANNING_LINE in this_launch[0].read_text()
-    assert not (run_dir / "job.yaml").exists()  # nothing recorded, nothing built
+    assert not (run_dir / "trainer_config.json").exists()  # nothing planned, nothing built
     workers.discard()
     assert processes_mentioning(str(run_dir)) == []
     assert sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()) == [
-        "ranks/earlier_launch/attempt_0/0/stdout.log", "train.log",
+        "command.sh", "job.yaml", "ranks/earlier_launch/attempt_0/0/stdout.log", "train.log",
     ]  # fmt: skip
-    assert (run_dir / "train.log").read_text() == "the earlier launch's output\n"
+    assert {name: (run_dir / name).read_text() for name in earlier} == earlier
     assert earlier_rank_log.read_text() == "step 4\n"
 
 

@@ -9,9 +9,9 @@ import pytest
 from conftest import REPO, launch
 
 from qwen3_neuron.errors import DataError
-from qwen3_neuron.launch.failure import workers_failed
+from qwen3_neuron.launch.workers_failed import workers_failed
 from qwen3_neuron.launch.process import LaunchResult
-from qwen3_neuron.worker.failure import record_failure
+from qwen3_neuron.worker.failure_record import record_failure
 
 TORCHRUN_END = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
 

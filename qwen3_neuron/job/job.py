@@ -1,12 +1,12 @@
 """One run's config as every stage takes it: the composed config (resolved), the framework's
 settings parsed from it once, and model=hf's dir with its config.json read once.
 
-The launcher parses it (`Job.parse`), checks torchtitan's keys, and settles it (`Job.settled`:
-the device resolved, model=hf's dir found as a local path) before torchrun starts. The settled
-job travels to local rank 0 in the plan request (`run_dir.Handoff`), which plans, records and
-trains with it; every other rank reads it back from its record, `job.yaml` (`Job.read`). So a
-worker never resolves the device or looks a model up again, and each learns its device from the
-job (`recorded_device`) before it imports torchtitan.
+The launcher parses it (`Job.parse`), checks torchtitan's keys, settles it (`Job.settled`: the
+device resolved, model=hf's dir found as a local path, the NEFF cache chosen, the framework's
+own checks made) and writes it, `job.yaml` (`job.record.record_job`), before torchrun starts.
+Every rank reads that file once (`run_dir.read_job`): it learns its device from it
+(`recorded_device`) before it imports torchtitan, then parses it (`Job.recorded`). So a worker
+never resolves the device, looks a model up or checks the settings again.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from typing import Any, Mapping
 
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
-from qwen3_neuron.job.settings import Settings, parse_settings
+from qwen3_neuron.job.settings import Settings, check_settings, parse_settings
 from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir, read_model_dir
-from qwen3_neuron.run_dir import read_job
 
 
 @dataclass(frozen=True)
@@ -41,16 +40,11 @@ class Job:
 
     @classmethod
     def recorded(cls, composed: Mapping[str, Any]) -> Job:
-        """A settled job's serialised form (job.yaml, the plan request) read back: its device
-        resolved, and model=hf's dir the local path the launcher found."""
+        """A settled job's serialised form (`job.yaml`, as `read_job` returns it) read back: its
+        device resolved, and model=hf's dir the local path the launcher found."""
         job = cls.parse(composed)
         model = job.settings.model
         return dataclasses.replace(job, model_dir=read_model_dir(Path(model.hf_model))) if model.kind == "hf" else job
-
-    @classmethod
-    def read(cls, run_dir: Path) -> Job:
-        """The job a run dir recorded (`job.yaml`)."""
-        return cls.recorded(read_job(run_dir))
 
     @property
     def device(self) -> str:
@@ -59,8 +53,10 @@ class Job:
 
     def settled(self) -> Job:
         """The job as the workers take it: model=hf's dir found (a Hub id is never looked up
-        again in a worker) and the device resolved (auto -> neuron, cuda or cpu; an explicit one
-        that is not here is refused, unless a dry run plans for it)."""
+        again in a worker), the device resolved (auto -> neuron, cuda or cpu; an explicit one
+        that is not here is refused, unless a dry run plans for it), device=neuron's NEFF cache
+        dir chosen (a resumed run compiles into the same), and the framework's own sections
+        checked on that device (`check_settings`: no torchtitan needed)."""
         job = self
         if self.settings.model.kind == "hf":
             found = find_model_dir(self.settings.model.hf_model)
@@ -69,11 +65,11 @@ class Job:
             device = devices.resolve_device(self.device, dry_run=self.settings.run.dry_run)
         except DeviceUnavailableError as e:
             raise ConfigError(f"device.type={self.device}: {e}") from e
-        return job._with("device", type=device)
-
-    def with_neff_cache(self, cache_dir: str | None) -> Job:
-        """The NEFF cache dir the plan settled, recorded: a resumed run compiles into the same."""
-        return self._with("device", cache_dir=cache_dir)
+        job = job._with("device", type=device)
+        if device == "neuron":
+            job = job._with("device", cache_dir=str(devices.neff_cache_dir(self.settings.device.cache_dir)[0]))
+        check_settings(job.settings, device)
+        return job
 
     def _with(self, name: str, **values: Any) -> Job:
         """This job with `values` set in one of the framework's sections, in both its forms."""

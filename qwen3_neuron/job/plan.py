@@ -1,15 +1,16 @@
-"""Stage 4, plan: the job -> validated torchtitan `Trainer.Config` + torchrun command.
+"""Stage 4, plan: a settled job -> validated torchtitan `Trainer.Config`.
 
 No process is started and no device is touched here, so every config error surfaces before
-anything is built. It runs in local rank 0 of workers the launcher started before planning
+anything is built. The job comes settled and recorded by the launcher (`Job.settled`,
+`job.record.record_job`); the plan runs in local rank 0 of the workers the launcher started
 (`worker.rank0_plan`: that process imports torchtitan anyway), or in the launcher for a dry run and
-`run.show_data`. The plan builds the config (`job.trainer_config`: local rank 0 then trains
-with it, the other workers build it from what the plan records) and checks it once: on a
-copy, it does what torchtitan's `Trainer.__init__` does to the config before building anything
-(`ParallelDims`, the model's `update_from_config`, `apply_overrides`, `_validate_cuda_graphs`)
-and turns their errors into `ConfigError`s with what would fit; then the checks torchtitan
-lacks (`layout`, HF dirs, assets, torch capabilities, what the worker's `train.main` would
-assert, the static shapes Neuron's compile needs: `static_shapes`).
+`run.show_data`. It builds the config (`job.trainer_config`: local rank 0 then trains with it,
+the other workers build it from job.yaml) and checks it once: on a copy, it does what
+torchtitan's `Trainer.__init__` does to the config before building anything (`ParallelDims`, the
+model's `update_from_config`, `apply_overrides`, `_validate_cuda_graphs`) and turns their errors
+into `ConfigError`s with what would fit; then the checks torchtitan lacks (`layout`, HF dirs,
+assets, torch capabilities, what the worker's `train.main` would assert, the static shapes
+Neuron's compile needs: `static_shapes`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, UnsupportedModel
 from qwen3_neuron.finetune.lora import uncovered_note
 from qwen3_neuron.job.job import Job
-from qwen3_neuron.job.settings import Settings, check_settings
-from qwen3_neuron.job.torchrun import WorkerLaunch, worker_launch
+from qwen3_neuron.job.settings import Settings
 from qwen3_neuron.job.trainer_keys import schema_disagreement
 from qwen3_neuron.models.hf.model_dir import (
     check_initial_hf_load,
@@ -49,13 +49,12 @@ MUST_BE_POSITIVE = ("training.steps", "training.local_batch_size", "training.seq
 @dataclass
 class Plan:
     job: Job  # settled: the device, model dir and NEFF cache as the workers take them (job.yaml)
-    launch: WorkerLaunch  # ranks per node, torchrun command and workers' environment
+    nproc_per_node: int  # ranks on each node
     trainer_config: Trainer.Config  # local rank 0 trains with it
     replacements: list[str]  # torchtitan's "[Override] target: fqn Old -> New" lines
     notes: list[str] = field(default_factory=list)  # what the plan settled or could not check
     memory: MemoryEstimate | None = None  # tensor memory per rank against the device's
     parameters: dict[str, int] = field(default_factory=dict)  # trainable_parameters, total_parameters
-    compile_cache: str | None = None  # device=neuron: the NEFF cache dir and where that choice came from
     static_shapes: str | None = None  # device=neuron + compile: what the static-shape check covered
     refusal: str | None = None  # a dry run's plan that a launch would refuse: why (it does not fit)
 
@@ -69,34 +68,24 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        return self.launch.nproc_per_node * self.settings.run.nnodes
-
-    def command_line(self) -> str:
-        return self.launch.command_line()
+        return self.nproc_per_node * self.settings.run.nnodes
 
 
 def make_plan(
     job: Job,
     run_dir: Path,
-    launch: WorkerLaunch | None = None,
+    nproc_per_node: int,
     warn: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
 ) -> Plan:
-    """Validate everything and work out what to run; raises ConfigError on bad input. `job`: the
-    settled job whose torchrun command `launch` already started (local rank 0), or with `launch`
-    None a job parsed and not yet settled (a dry run, `run.show_data`: it is settled here);
-    `warn`: where the plan's warnings and notes go (standard error; local rank 0 hands them to
-    the launcher)."""
-    if launch is None:
-        job = job.settled()
-        launch = worker_launch(job, run_dir)
-    settings, device, nproc = job.settings, job.device, launch.nproc_per_node
-    check_settings(settings, device)
+    """Validate everything torchtitan's side of the `job` (settled: `Job.settled`) can get wrong,
+    with `nproc_per_node` ranks on each node; raises ConfigError on bad input. `warn`: where the
+    plan's warnings go (standard error; local rank 0 hands them to the launcher)."""
+    settings, device, nproc = job.settings, job.device, nproc_per_node
     # a dry run may plan for a device that is not here: say so, and skip what only it can check
     missing = devices.unavailable_reason(device) if settings.run.dry_run else None
     notes = [f"device={device} is not here ({missing}) - dry run: planned for it, not checked"] if missing else []
     model = settings.model
     model_dir = open_model_dir(model.hf_model, model.trust_remote_code, job.model_dir) if model.kind == "hf" else None
-    job = job.with_neff_cache(launch.env.get(devices.NEFF_CACHE_ENV))  # job.yaml
     config = build_trainer_config(job, run_dir)
     stale_keys = schema_disagreement(settings)  # the launcher's key check, against the installed classes
     if stale_keys:
@@ -136,26 +125,9 @@ def make_plan(
         if not settings.run.dry_run:
             raise
         refusal = str(e)  # a dry run shows the plan for another machine first, then this verdict
-    compile_cache = _compile_cache(settings, launch, notes)
-    return Plan(
-        job, launch, config, replacements, notes, memory, parameters, compile_cache, static_shapes, refusal,
-    )  # fmt: skip
-
-
-def _compile_cache(settings: Settings, launch: WorkerLaunch, notes: list[str]) -> str | None:
-    """device=neuron: the plan's line about TorchNeuron's NEFF cache (`worker_launch` put it in the
-    workers' env). Outside the run dir on purpose: runs and sweep jobs share it."""
-    requested, device = settings.device.cache_dir, settings.device.type
-    if device != "neuron":
-        if requested is not None:
-            notes.append(f"device.cache_dir={requested} is TorchNeuron's NEFF cache: unused on device={device}")
-        return None
-    _, source = devices.neff_cache_dir(requested)
-    return (
-        f"compile cache: {launch.env[devices.NEFF_CACHE_ENV]} ({devices.NEFF_CACHE_ENV}; {source}) - shared by "
-        "every run and sweep job that compiles the same graphs; the only place the project has this run write "
-        "outside its run dir"
-    )
+    if device != "neuron" and settings.device.cache_dir is not None:
+        notes.append(f"device.cache_dir={settings.device.cache_dir} is TorchNeuron's NEFF cache: unused on device={device}")
+    return Plan(job, nproc, config, replacements, notes, memory, parameters, static_shapes, refusal)
 
 
 def parameter_counts(model_on_meta) -> dict[str, int]:

@@ -1,11 +1,11 @@
-"""Stage 5, record: what a run dir holds besides Hydra's `.hydra/`, written by whichever process
-made the plan (the launcher, or local rank 0 of workers started before it: `run_dir.Handoff`).
+"""Stage 5, record: what a run dir holds besides Hydra's `.hydra/`. The launcher writes the job
+before torchrun starts (`record_job`); whichever process made the plan writes the rest
+(`record_plan`: local rank 0 of the workers, or the launcher for a dry run).
 
 - `job.yaml`: the job (`job.job.Job`), settled: its composed config, resolved, with the
-  device and the model=hf dir as the plan found them; the workers other than local rank 0
-  (which keeps the plan's) build from it.
-- `trainer_config.json`: the final torchtitan config, for people (torchtitan's `to_dict`).
+  device, the model=hf dir and the NEFF cache as the launcher settled them; every rank reads it.
 - `command.sh`: the exact torchrun command with its environment.
+- `trainer_config.json`: the final torchtitan config, for people (torchtitan's `to_dict`).
 - `versions.json`: package versions and the project's git SHA.
 - `memory_estimate.json`: the plan's tensor memory estimate per rank.
 """
@@ -22,13 +22,14 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from qwen3_neuron.hf_io.export import exports_hf
+from qwen3_neuron.handoff import PlannedRun
 from qwen3_neuron.run_dir import (
+    COMMAND_FILE,
     EXPORT_FILE,
     FAILURE_FILE,
     JOB_FILE,
     MEMORY_ESTIMATE_FILE,
     TRAINER_CONFIG_FILE,
-    PlannedRun,
     write_json,
 )  # fmt: skip
 
@@ -38,9 +39,21 @@ PACKAGES = (
 )  # fmt: skip
 
 
+def record_job(run_dir: Path, job, command_line: str) -> None:
+    """The settled `job` and the torchrun command that runs it (`WorkerLaunch.command_line`)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(job.composed), run_dir / JOB_FILE)
+    (run_dir / COMMAND_FILE).write_text(f"#!/bin/sh\n{command_line}\n")
+
+
 def record_plan(plan, run_dir: Path, messages: list[str]) -> PlannedRun:
     """Write the plan's record; returns what the launcher runs and reports with."""
-    write_record(run_dir, plan.job, plan)
+    for earlier in (FAILURE_FILE, EXPORT_FILE):  # a resumed run starts with a clean slate
+        (run_dir / earlier).unlink(missing_ok=True)
+    (run_dir / TRAINER_CONFIG_FILE).write_text(
+        json.dumps(plan.trainer_config.to_dict(), indent=2, default=repr) + "\n"
+    )
+    write_json(run_dir / "versions.json", versions())
     write_json(run_dir / MEMORY_ESTIMATE_FILE, plan.memory.to_json())
     config = plan.trainer_config
     return PlannedRun(
@@ -68,19 +81,6 @@ def training_dtype(trainer_config) -> str:
     parallel degree, 1 included, so its param dtype is the compute dtype)."""
     training = trainer_config.training
     return "bfloat16" if training.dtype == "bfloat16" else training.mixed_precision_param
-
-
-def write_record(run_dir: Path, job, plan) -> None:
-    """`job`: the plan's settled `Job`."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for earlier in (FAILURE_FILE, EXPORT_FILE):  # a resumed run starts with a clean slate
-        (run_dir / earlier).unlink(missing_ok=True)
-    OmegaConf.save(OmegaConf.create(job.composed), run_dir / JOB_FILE)
-    (run_dir / TRAINER_CONFIG_FILE).write_text(
-        json.dumps(plan.trainer_config.to_dict(), indent=2, default=repr) + "\n"
-    )
-    (run_dir / "command.sh").write_text(f"#!/bin/sh\n{plan.command_line()}\n")
-    write_json(run_dir / "versions.json", versions())
 
 
 def versions() -> dict[str, Any]:

@@ -3,7 +3,7 @@ node, torchrun's own arguments (one node standalone, or one node of a multi-node
 workers' environment.
 
 All of it comes from the framework's own settings, without torchtitan, so the launcher can start
-torchrun while its plan is still checking the rest (`run_dir.Handoff`).
+torchrun while its plan is still checking the rest (`handoff.Handoff`).
 
 One node without a rendezvous endpoint keeps `--standalone` (torchrun picks a free local port).
 A multi-node job runs the same launch once per node - by hand, or once per node of a SLURM job
@@ -65,9 +65,23 @@ def worker_launch(job: Job, run_dir: Path) -> WorkerLaunch:
     ]  # fmt: skip
     # user kernels importable from where launch.py runs are importable in the workers too
     env = {**devices.worker_env(device, nproc), **devices.compiler_env(device), "PYTHONPATH": _worker_pythonpath()}
-    if device == "neuron":  # recorded in command.sh, even when it was exported
-        env[devices.NEFF_CACHE_ENV] = str(devices.neff_cache_dir(settings.device.cache_dir)[0])
+    if device == "neuron":  # settled with the job; recorded in command.sh, even when it was exported
+        env[devices.NEFF_CACHE_ENV] = settings.device.cache_dir
     return WorkerLaunch(nproc, command, env)
+
+
+def compile_cache_line(requested: str | None, launch: WorkerLaunch) -> str | None:
+    """device=neuron: what a dry run says of TorchNeuron's NEFF cache in the workers' env
+    (`requested`: device.cache_dir as the user set it, for where the choice came from). Outside
+    the run dir on purpose: runs and sweep jobs share it."""
+    if devices.NEFF_CACHE_ENV not in launch.env:
+        return None
+    _, source = devices.neff_cache_dir(requested)
+    return (
+        f"compile cache: {launch.env[devices.NEFF_CACHE_ENV]} ({devices.NEFF_CACHE_ENV}; {source}) - shared by "
+        "every run and sweep job that compiles the same graphs; the only place the project has this run write "
+        "outside its run dir"
+    )
 
 
 def _worker_pythonpath() -> str:

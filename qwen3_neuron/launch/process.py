@@ -7,7 +7,7 @@ blocked in a collective never sees a KeyboardInterrupt, but SIGTERM ends it at o
 starts each worker in a session of its own, so if torchrun has not stopped them within its own
 30 s close timeout plus a margin, the launcher kills torchrun's children as well as torchrun. Worker output always goes to `train.log`; on screen either
 all of it (verbose) or one live progress line fed by rank 0's metrics.jsonl (qwen3_neuron.launch.progress);
-the end of the output is kept for the launcher to explain a failure with (`launch.failure`). A
+the end of the output is kept for the launcher to explain a failure with (`launch.workers_failed`). A
 train.log that cannot be written (a full disk) stops there; the output is still drained (no
 worker blocks on a full pipe) and its end kept for that message and the summary's error.
 """

@@ -1,11 +1,12 @@
-"""One job, as Hydra hands it to launch.py: torchrun -> plan -> record -> train -> export -> report.
+"""One job, as Hydra hands it to launch.py: settle -> torchrun -> plan -> record -> train -> export -> report.
 
-torchrun starts as soon as the framework's own settings parse and model=hf's dir is found; its
-local rank 0 makes and records the plan once it has imported torchtitan, and every rank builds
-only then (`run_dir.Handoff`, `worker.rank0_plan`). This process never imports torchtitan for such a
+The job is settled here (`Job.settled`: the device, model=hf's dir, the NEFF cache, the
+framework's own checks) and written (`job.yaml`, `command.sh`); torchrun starts at once, its
+local rank 0 makes and records the plan from job.yaml once it has imported torchtitan, and every
+rank builds only then (`handoff.Handoff`, `worker.rank0_plan`). This process never imports torchtitan for such a
 run (an HF export is global rank 0's, after training). A plan that fails stops the workers and
-removes what they wrote (a resumed run's earlier logs stay), so a config error leaves what it
-always did. Dry runs and `run.show_data` plan here and start nothing.
+removes what this launch wrote (a resumed run's earlier job.yaml and logs are put back), so a
+config error leaves what it always did. Dry runs and `run.show_data` plan here and start nothing.
 
 A single run and each job of a sweep go through `run_job`, which returns the job's `JobOutcome`
 (`report.outcome`). It never exits the process: Hydra's job-end callbacks and log flushing run
@@ -15,7 +16,6 @@ alike.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -33,24 +33,26 @@ from omegaconf.errors import OmegaConfBaseException
 from qwen3_neuron.errors import ConfigError, DataError, RunDirInUse, user_error_label
 from qwen3_neuron.process_exit import exit_without_teardown
 from qwen3_neuron.job.job import Job
-from qwen3_neuron.job.record import record_plan
-from qwen3_neuron.job.settings import check_settings
-from qwen3_neuron.job.torchrun import WorkerLaunch, worker_launch
+from qwen3_neuron.job.record import record_job, record_plan
+from qwen3_neuron.job.torchrun import WorkerLaunch, compile_cache_line, worker_launch
 from qwen3_neuron.job.trainer_keys import check_trainer_keys
 from qwen3_neuron.launch import slurm
 from qwen3_neuron.launch.console import quiet_console
-from qwen3_neuron.launch.failure import WorkersFailed, workers_failed
+from qwen3_neuron.launch.workers_failed import WorkersFailed, workers_failed
 from qwen3_neuron.launch.hydra_setup import register_resolvers
 from qwen3_neuron.launch.process import LaunchResult, Torchrun
 from qwen3_neuron.launch.progress import Progress
 from qwen3_neuron.launch.resume import planned_schedule_end, resume_step, resumed_config, schedule_rule
 from qwen3_neuron.launch.run_lock import RunDirLock
+from qwen3_neuron.handoff import Handoff, PlannedRun
 from qwen3_neuron.report.loss_check import check_first_loss
 from qwen3_neuron.report.outcome import JobOutcome
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value, sweep_stop_reason, write_summary
 from qwen3_neuron.run_dir import (
+    COMMAND_FILE,
     EXPORT_FILE,
+    JOB_FILE,
     LOCK_FILE,
     LOG_FILE,
     METRICS_FILE,
@@ -58,8 +60,6 @@ from qwen3_neuron.run_dir import (
     RANKS_LOG_DIR,
     SUMMARY_FILE,
     TRAINER_CONFIG_FILE,
-    Handoff,
-    PlannedRun,
     earlier_run,
     read_job,
     read_json,
@@ -153,15 +153,14 @@ def _run_job_in(cfg: DictConfig, hydra_job: _HydraJob, hydra_config) -> JobOutco
                 return JobOutcome(0, hydra_job.single_run)
             end = composed.get("lr_scheduler", {}).get("total_steps") or planned_schedule_end(hydra_job.run_dir, read_job(hydra_job.run_dir))
             print(f"[qwen3-neuron] run.resume: training on to step {steps}; {schedule_rule(end, steps)}")
-        job = Job.parse(slurm.with_node_settings(composed))  # SLURM: this node's rank and rendezvous
-        check_trainer_keys(job.composed, job.settings)  # torchtitan's sections: typos need no torchtitan
-        if job.settings.run.dry_run or job.settings.run.show_data:  # nothing trains: planned here, nothing started
-            return _plan_only(job, hydra_job)
-        job = job.settled()  # model=hf's dir found, the device resolved: once, for every worker
+        parsed = Job.parse(slurm.with_node_settings(composed))  # SLURM: this node's rank and rendezvous
+        check_trainer_keys(parsed.composed, parsed.settings)  # torchtitan's sections: typos need no torchtitan
+        job = parsed.settled()  # once, for every worker: no torchtitan needed, named before anything starts
         launch = worker_launch(job, hydra_job.run_dir)
-        check_settings(job.settings, job.device)  # no torchtitan needed: named before anything starts
-        # before torchrun: local rank 0 records its plan in the run dir, which a refusal leaves empty
+        if job.settings.run.dry_run or job.settings.run.show_data:  # nothing trains: planned here, nothing started
+            return _plan_only(job, launch, parsed.settings.device.cache_dir, hydra_job)
         evaluation = _evaluation(job, _sweeper_direction(hydra_config))
+        # local rank 0 plans from job.yaml; a refusal puts back what the run dir held
         workers = _Workers(job, launch, hydra_job.run_dir)
         planned = workers.wait_for_plan()  # local rank 0's plan
     except BaseException as e:  # waiting workers never outlive a launch that cannot go on
@@ -212,8 +211,9 @@ def _sweeper_direction(hydra_config) -> str | None:
     return str(direction) if direction is not None and hydra_config.mode != RunMode.RUN else None
 
 
-def _plan_only(job: Job, hydra_job: _HydraJob) -> JobOutcome:
-    """A dry run or `run.show_data`: the plan, made and recorded here (importing torchtitan)."""
+def _plan_only(job: Job, launch: WorkerLaunch, requested_cache: str | None, hydra_job: _HydraJob) -> JobOutcome:
+    """A dry run or `run.show_data` of the settled `job`: the plan, made and recorded here
+    (importing torchtitan). `requested_cache`: device.cache_dir as the user set it."""
     from qwen3_neuron.job.checks.torchtitan_api import check_torchtitan_api
 
     settings = job.settings
@@ -221,8 +221,9 @@ def _plan_only(job: Job, hydra_job: _HydraJob) -> JobOutcome:
     from qwen3_neuron.job.plan import make_plan  # imports torchtitan (seconds)
 
     quiet_console(settings.run.verbose)
-    plan = make_plan(job, hydra_job.run_dir)  # settles the job
-    _evaluation(plan.job, None)
+    plan = make_plan(job, hydra_job.run_dir, launch.nproc_per_node)
+    _evaluation(job, None)
+    record_job(hydra_job.run_dir, job, launch.command_line())
     record_plan(plan, hydra_job.run_dir, [])  # its warnings: printed as it made them
     what = "run.dry_run=true" if settings.run.dry_run else f"run.show_data={settings.run.show_data}"
     (hydra_job.run_dir / PLAN_ONLY_FILE).write_text(
@@ -230,7 +231,7 @@ def _plan_only(job: Job, hydra_job: _HydraJob) -> JobOutcome:
         "A launch pointed at this dir may use it.\n"
     )
     if settings.run.dry_run:
-        _print_plan(plan, hydra_job.run_dir, settings.run.verbose)
+        _print_plan(plan, launch, compile_cache_line(requested_cache, launch), hydra_job.run_dir, settings.run.verbose)
         if plan.refusal:  # the record stays: the plan is what the user asked to see
             print(f"Config error: {plan.refusal}\n(a dry run: the plan above; a launch would stop here)", file=sys.stderr)
             return JobOutcome(CONFIG_ERROR_EXIT, hydra_job.single_run)
@@ -240,21 +241,22 @@ def _plan_only(job: Job, hydra_job: _HydraJob) -> JobOutcome:
 
 
 class _Workers:
-    """This node's torchrun, started before the plan: its local rank 0 plans the job the plan
-    request holds and the other ranks wait (`run_dir.Handoff`)."""
+    """This node's torchrun, started before the plan: its local rank 0 plans the job recorded in
+    job.yaml and the other ranks wait (`handoff.Handoff`)."""
 
     def __init__(self, job: Job, launch: WorkerLaunch, run_dir: Path):
-        """torchrun now, with its local rank 0 to plan the settled `job`: before any torchtitan
-        import here."""
+        """The settled `job` recorded, then torchrun, with its local rank 0 to plan it: before
+        any torchtitan import here."""
         self.launch, self.run_dir = launch, run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        # what a resumed run's dir already holds: the progress line skips it, a discard keeps it
+        # what a resumed run's dir already holds: the progress line skips it, a discard puts it back
         metrics, log = run_dir / METRICS_FILE, run_dir / LOG_FILE
         self.earlier_metrics_bytes = metrics.stat().st_size if metrics.exists() else 0
         self._earlier_log_bytes = log.stat().st_size if log.exists() else None
         self._earlier_rank_logs = _rank_logs(run_dir)
+        self._earlier_record = {name: _read_bytes(run_dir / name) for name in (JOB_FILE, COMMAND_FILE)}
+        record_job(run_dir, job, launch.command_line())
         self.handoff = Handoff(uuid.uuid4().hex, os.getpid())
-        self.handoff.request_plan(run_dir, {"job": job.composed, "launch": dataclasses.asdict(launch)})
         env = {**launch.env, **self.handoff.to_env()}
         self.torchrun = Torchrun(launch.command, env, run_dir, echo=job.settings.run.verbose)
 
@@ -281,10 +283,16 @@ class _Workers:
             self.handoff.remove_files(self.run_dir)
 
     def discard(self, keep_logs: bool = False) -> None:
-        """The plan failed: stop the workers and remove what this torchrun wrote (a resumed run's
-        earlier train.log and rank logs stay as they were), its logs too unless `keep_logs`."""
+        """The plan failed: stop the workers and remove what this launch wrote (a resumed run's
+        earlier job.yaml, command.sh, train.log and rank logs stay as they were), its logs too
+        unless `keep_logs`."""
         self.torchrun.stop()
         self.handoff.remove_files(self.run_dir)
+        for name, earlier in self._earlier_record.items():  # a resume's record, or none
+            if earlier is None:
+                (self.run_dir / name).unlink(missing_ok=True)
+            else:
+                (self.run_dir / name).write_bytes(earlier)
         if keep_logs:
             return
         log = self.run_dir / LOG_FILE
@@ -294,6 +302,10 @@ class _Workers:
             os.truncate(log, self._earlier_log_bytes)
         for path in sorted(_rank_logs(self.run_dir) - self._earlier_rank_logs):  # parents first
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    return path.read_bytes() if path.exists() else None
 
 
 def _rank_logs(run_dir: Path) -> set[Path]:
@@ -412,7 +424,7 @@ class _HydraJob:
         return JobOutcome(code, self.single_run, value, summary)
 
 
-def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
+def _print_plan(plan: Plan, launch: WorkerLaunch, compile_cache: str | None, run_dir: Path, verbose: bool) -> None:
     """The plan, one line per fact; the memory verdict last (what a launch would be refused for)."""
     from qwen3_neuron.job.checks.layout import resolve_degrees  # torchtitan: imported by the plan already
 
@@ -442,12 +454,12 @@ def _print_plan(plan: Plan, run_dir: Path, verbose: bool) -> None:
         f"data={settings.data.kind}{validation}")  # fmt: skip
     for line in summarize_replacements(plan.replacements):
         say(f"override: {line}")
-    for line in (plan.compile_cache, plan.static_shapes):
+    for line in (compile_cache, plan.static_shapes):
         if line:
             say(line)
     for note in plan.notes:
         say(f"note: {note}")
-    say(f"command: {plan.command_line()}")
+    say(f"command: {launch.command_line()}")
     shown = "" if verbose else "; run.verbose=true prints it too"
     say(f"dry run: nothing started; the full config: {run_dir / TRAINER_CONFIG_FILE}{shown}")
     for note in plan.memory.notes:  # what the estimate assumed (the attention kernel, the optimizer)

@@ -1,6 +1,7 @@
-"""Local rank 0 of workers the launcher started before planning: make the plan, record it, and
-hand the launcher what it reports with (`run_dir.Handoff`); this rank then trains with the plan's
-job and `Trainer.Config` (built and checked once).
+"""Local rank 0 of workers the launcher started before planning: plan the job the launcher
+settled and recorded (job.yaml), record the plan, and hand the launcher what it reports with
+(`handoff.Handoff`); this rank then trains with the plan's job and `Trainer.Config` (built
+and checked once).
 
 The plan is the launcher's (`job.plan.make_plan`, the same call a dry run makes in the
 launcher); it runs here because this process has imported torchtitan anyway, and a third import
@@ -10,33 +11,34 @@ in the launcher would hold back every worker on a small host.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qwen3_neuron.run_dir import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
+from qwen3_neuron.handoff import PLAN_FAILED_EXIT, PLANNING_LINE, Handoff
 
 if TYPE_CHECKING:
     from qwen3_neuron.job.plan import Plan
 
 
-def plan_for_the_launcher(run_dir: Path, handoff: Handoff, request: dict[str, Any]) -> Plan:
-    """Record the plan of the launcher's `request` (`Handoff.request_plan`: the settled job and
-    its torchrun command) and say it is ready; a config or data error is handed over and ends this rank."""
+def plan_for_the_launcher(run_dir: Path, handoff: Handoff, recorded_job: dict[str, Any]) -> Plan:
+    """Record the plan of the job the launcher settled (job.yaml, as `run_dir.read_job` returns
+    it) and say it is ready; a config or data error is handed over and ends this rank."""
     from qwen3_neuron.errors import ConfigError, DataError, user_error_label
     from qwen3_neuron.job.checks.torchtitan_api import check_torchtitan_api
     from qwen3_neuron.job.job import Job
-    from qwen3_neuron.job.torchrun import WorkerLaunch
 
     print(PLANNING_LINE, flush=True)
     messages: list[str] = []
     try:
-        job = Job.recorded(request["job"])  # this process's one parse
+        job = Job.recorded(recorded_job)  # this process's one parse
         check_torchtitan_api(job.settings.model.kind)  # before the plan's modules import them
         from qwen3_neuron.job.plan import make_plan
         from qwen3_neuron.job.record import record_plan
 
-        plan = make_plan(job, run_dir, WorkerLaunch(**request["launch"]), messages.append)
+        nproc = int(os.environ["LOCAL_WORLD_SIZE"])  # torchrun's --nproc_per_node
+        plan = make_plan(job, run_dir, nproc, messages.append)
         loads = _checked_checkpoint(plan, messages.append)
         planned = dataclasses.replace(record_plan(plan, run_dir, messages), checkpoint=loads)
     except (ConfigError, DataError) as e:

@@ -1,8 +1,9 @@
 """Stage 6, train: one torchrun worker. `python -m qwen3_neuron.worker.train <run_dir>`.
 
-Rebuilds the Trainer.Config from the plan's record in the run dir (no Hydra here, and no checks:
-the plan made them; workers started before the plan have local rank 0 make it first,
-`worker.rank0_plan`, and that rank trains with the config it checked), applies the device's
+Builds the Trainer.Config from the job the launcher settled and recorded in the run dir (job.yaml,
+read once; no Hydra here, and no checks: the plan made them; workers started before the plan have
+local rank 0 make it first, `worker.rank0_plan`, and that rank trains with the config it checked),
+applies the device's
 compatibility fixes, and runs torchtitan's trainer the way `torchtitan.train.main` does:
 structured logging as `debug.enable_structured_logging` says, `comm.mode=local_tensor` skips
 training, and `checkpoint.create_seed_checkpoint` saves step 0 instead of training. A run whose
@@ -19,11 +20,11 @@ from pathlib import Path
 from qwen3_neuron.devices.fixes import install
 from qwen3_neuron.job.job import recorded_device
 from qwen3_neuron.parent_death import die_with_parent
+from qwen3_neuron.handoff import Handoff
 from qwen3_neuron.process_exit import exit_without_teardown
-from qwen3_neuron.worker.failure import record_failure
+from qwen3_neuron.worker.failure_record import record_failure
 from qwen3_neuron.run_dir import (
     EXPORT_FILE,
-    Handoff,
     complete_steps,
     packing_efficiency,
     read_job,
@@ -35,8 +36,8 @@ from qwen3_neuron.run_dir import (
 def main(run_dir: Path) -> None:
     die_with_parent(os.getppid())  # torchrun's end (the launcher's end ends torchrun) ends this rank
     handoff = Handoff.from_env()
-    request = handoff.read_request(run_dir) if handoff else None  # the launcher's settled job, before job.yaml
-    install(recorded_device(request["job"] if request else read_job(run_dir)))  # before torchtitan copies it
+    recorded_job = read_job(run_dir)  # the job the launcher settled; this process's one read
+    install(recorded_device(recorded_job))  # before torchtitan copies it
 
     plan = None
     if handoff and os.environ.get("LOCAL_RANK") == "0":
@@ -44,7 +45,7 @@ def main(run_dir: Path) -> None:
         from qwen3_neuron.worker.rank0_plan import plan_for_the_launcher
 
         try:
-            plan = plan_for_the_launcher(run_dir, handoff, request)
+            plan = plan_for_the_launcher(run_dir, handoff, recorded_job)
         except Exception as error:  # a bug: the launcher prints its traceback's end
             record_failure(run_dir, error, None)
             raise
@@ -76,7 +77,7 @@ def main(run_dir: Path) -> None:
     if plan is not None:  # local rank 0 of this launch: the job and config it planned and checked
         job, config = plan.job, plan.trainer_config
     else:
-        job = Job.read(run_dir)
+        job = Job.recorded(recorded_job)
         config = build_trainer_config(job, run_dir)
     settings = job.settings
     lora = settings.finetune.method == "lora"

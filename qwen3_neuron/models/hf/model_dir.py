@@ -6,8 +6,8 @@ Plan time only: the launcher finds the dir (a local dir or a cached Hub id) and 
 can read and build it; the other checks refuse what cannot work with a `ConfigError` naming the
 file or key (weights present, the tokenizer fits, HF weights loaded into a native flavour describe
 that flavour). Workers only `read_model_dir` the local path the plan recorded: no Hub lookup, no
-AutoConfig, no tokenizer or safetensors index read. (The plan gets the launcher's `HFModelDir`,
-through the plan request when local rank 0 plans: it does not read config.json again.)
+AutoConfig, no tokenizer or safetensors index read. (Local rank 0 reads config.json once, from the
+dir job.yaml names, and the plan's AutoConfig is made from what it read.)
 """
 
 from __future__ import annotations
@@ -160,7 +160,9 @@ def load_auto_config(model_dir: HFModelDir, trust_remote_code: bool, key: str = 
             f"model.trust_remote_code=true to run it (only for code you trust)."
         )
     try:
-        return AutoConfig.from_pretrained(model_dir.path, trust_remote_code=trust_remote_code)
+        if model_dir.config.get("auto_map"):  # the model's own config class, loaded from its dir
+            return AutoConfig.from_pretrained(model_dir.path, trust_remote_code=True)
+        return AutoConfig.for_model(**model_dir.config)  # config.json as read once, not read again
     except (ValueError, KeyError, OSError, TypeError) as e:
         raise ConfigError(f"{config_path}: Transformers cannot read it ({e}); set by {key}.") from e
 

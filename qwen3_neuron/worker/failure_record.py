@@ -1,5 +1,5 @@
 """Why a worker stopped, in the run dir's `failure.json`, for the launcher to say on its console
-(`launch.failure`) and the summary to keep.
+(`launch.workers_failed`) and the summary to keep.
 
 A mistake the user can fix (`ConfigError`, `DataError`) may be found by any rank, and is what
 explains the run's end: whichever rank finds one records it, as the sentence the console prints

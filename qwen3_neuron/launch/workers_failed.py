@@ -1,7 +1,7 @@
 """What the launcher says when the workers stop with an error (torchrun's own report and the
 workers' tracebacks stay in train.log):
 
-- a mistake the user can fix, recorded by the rank that found it (`worker.failure`): its
+- a mistake the user can fix, recorded by the rank that found it (`worker.failure_record`): its
   sentence (`Data error: ...`), and exit 2 as for every config mistake;
 - a crash rank 0 recorded: its error, its traceback's last frames and where the whole one is;
 - no record (a worker killed, torchrun's own failure): the end of train.log.
