@@ -38,6 +38,20 @@ def test_a_data_error_any_rank_found_is_said_as_its_sentence_with_exit_2(tmp_pat
     )
 
 
+def test_a_row_that_is_no_conversation_is_the_users_data_error_wherever_it_surfaces(tmp_path, monkeypatch):
+    """Every reader of chat rows names the row's file and line; one that reaches a worker's end
+    unconverted is still said as the user's sentence, never as a crash."""
+    from qwen3_neuron.data.chat_rows import ChatFormatError, row_conversation
+    from qwen3_neuron.data.source import DataSource
+
+    with pytest.raises(ChatFormatError) as error:
+        row_conversation({"messages": [{"role": "narrator", "content": "once"}]}, DataSource())
+    monkeypatch.setenv("RANK", "1")
+    record_failure(tmp_path, error.value, None)
+    failure = workers_failed(tmp_path, LaunchResult(1, None, output_end=TORCHRUN_END), verbose=False)
+    assert (failure.exit_code, failure.message) == (2, f"Data error: {error.value}")
+
+
 def test_a_crash_shows_its_last_frames_and_where_the_whole_traceback_is(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     try:

@@ -35,6 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from qwen3_neuron.errors import DataError
+
 KNOWN_ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT's speakers -> roles; "tool_call" is an assistant turn whose value is the call's JSON
 SHAREGPT_ROLES = {
@@ -44,8 +46,10 @@ SHAREGPT_ROLES = {
 _THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 
 
-class ChatFormatError(ValueError):
-    """A row that is not a conversation this module can train on; the message says why."""
+class ChatFormatError(DataError):
+    """A row that is not a conversation this module can train on; the message says why (the
+    callers that know the row's file and line name them; one that escapes is still the user's
+    data error, said as one sentence)."""
 
 
 @dataclass
