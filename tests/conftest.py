@@ -212,12 +212,13 @@ def command_lines():
             continue
 
 
-def plan_of(job: Job, run_dir: Path):
-    """The plan of a parsed `job` as a dry run makes it: settled, then planned in this process."""
+def plan_of(job: Job, run_dir: Path, **kwargs):
+    """The plan of a parsed `job` as a dry run makes it: settled, then planned in this process
+    (`kwargs`: make_plan's, e.g. `warn`)."""
     from qwen3_neuron.job.plan import make_plan  # torchtitan: imported by the tests that plan only
 
     settled = job.settled()
-    return make_plan(settled, run_dir, worker_launch(settled, run_dir).nproc_per_node)
+    return make_plan(settled, run_dir, worker_launch(settled, run_dir).nproc_per_node, **kwargs)
 
 
 def launch_of(plan) -> WorkerLaunch:
