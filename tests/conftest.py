@@ -166,11 +166,19 @@ def default_run(tmp_path_factory, assets) -> Path:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(COUNTING_DIR), os.environ.get("PYTHONPATH")])),
         COUNTS_ENV: str(folder / "process_counts.txt"),
     }
-    return trained(folder / "run", *TINY, "training.steps=10", env=counting)
+    result = launch(folder / "run", *TINY, "training.steps=10", env=counting)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (folder / "console.txt").write_text(result.stdout + result.stderr)  # what a user saw: `console(default_run)`
+    return folder / "run"
 
 
 COUNTING_DIR = REPO / "tests" / "process_counts"  # its sitecustomize.py counts in every process of a launch
 COUNTS_ENV = "QWEN3_NEURON_TEST_COUNTS"
+
+
+def console(run_dir: Path) -> list[str]:
+    """The lines the default run's launch printed (standard output, then standard error)."""
+    return (run_dir.parent / "console.txt").read_text().splitlines()
 
 
 def process_counts(run_dir: Path) -> Counter:

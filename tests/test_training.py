@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import REPO, TINY, compose_config, launch, process_counts, processes_mentioning, read_jsonl
+from conftest import REPO, TINY, compose_config, console, launch, process_counts, processes_mentioning, read_jsonl
 
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.job.job import Job
@@ -53,6 +53,16 @@ def test_each_process_parses_the_job_once_and_each_rank_builds_its_config_once(d
         "rank1 build": 1,
     }  # fmt: skip
     assert [p.name for p in default_run.glob(".plan_*")] == []
+
+
+def test_the_default_job_prints_the_projects_own_lines_only(default_run):
+    """No line a user has to learn to ignore: torchrun's, torchtitan's and the libraries' output
+    goes to train.log; the console has the progress line per step and the end-of-run lines."""
+    lines = console(default_run)
+    assert [line for line in lines if not line.startswith("[qwen3-neuron] ")] == []
+    assert [line for line in lines if line.startswith("[qwen3-neuron]  step ")][-1].startswith("[qwen3-neuron]  step 10/10  loss ")
+    assert lines[-1] == f"[qwen3-neuron] run dir: {default_run} (every figure: summary.json)"
+    assert "torchtitan" in (default_run / "train.log").read_text()
 
 
 def test_metrics_and_summary_agree_with_what_the_workers_logged(default_run):
