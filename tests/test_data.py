@@ -389,9 +389,15 @@ def test_show_data_from_the_command_line_prints_the_samples_and_starts_nothing(t
     result = launch(run_dir, *overrides, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     plan = plan_of(compose_job(*overrides), tmp_path / "in-process")
-    assert show_samples(plan.trainer_config, 2, dp_world_size=2) in result.stdout
     assert "=== sample 2 of rank 0: " in result.stdout and "=== sample 3 " not in result.stdout
-    assert "[qwen3-neuron] run.show_data=2: rank 0's first 2 samples shown; nothing trained" in result.stdout
+    samples = show_samples(plan.trainer_config, 2, dp_world_size=2)
+    assert samples in result.stdout and result.stderr == ""
+    # besides the samples, the project's own lines only, as written: what the data pipeline did
+    # to rows (here: long conversations cut to seq_len) and the last line
+    others = result.stdout.replace(samples, "").splitlines()
+    assert others[-1] == "[qwen3-neuron] run.show_data=2: rank 0's first 2 samples shown; nothing trained"
+    assert [line for line in others if line and not line.startswith("[qwen3-neuron")] == []
+    assert any(line.startswith("[qwen3-neuron data] ") and " line 3: truncated: " in line for line in others)
     assert not {"ranks", "train.log", "metrics.jsonl", "summary.json"} & {p.name for p in run_dir.iterdir()}
 
 

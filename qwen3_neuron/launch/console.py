@@ -4,7 +4,9 @@ information lines (the plan's `[Override]` list, tokenizer loading, ...) only wi
 
 A plan made here (dry run, `run.show_data`) builds the config more than once, and torchtitan
 logs its findings each time; its INFO lines go through the root logger, as Hydra's own lines
-do not. A warning no user can act on (`NOT_ACTIONABLE`) goes to `launch.log` only.
+do not. A warning no user can act on (`NOT_ACTIONABLE`) goes to `launch.log` only. The project's
+own lines logged there (the data pipeline's `[qwen3-neuron data] ...`) show as they are written,
+without the logger's time and level prefix.
 """
 
 from __future__ import annotations
@@ -33,12 +35,29 @@ class _Quiet(logging.Filter):
         return True
 
 
+class _ProjectLinesBare(logging.Formatter):
+    """The project's own lines as written; every other record in the handler's own format."""
+
+    def __init__(self, others: logging.Formatter | None):
+        super().__init__()
+        self.others = others or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        return message if message.startswith(PROJECT_PREFIX) else self.others.format(record)
+
+
+PROJECT_PREFIX = "[qwen3-neuron"
+
+
 def quiet_console(verbose: bool) -> None:
     """Filter the screen handlers Hydra set up (idempotent: a sweep's jobs call it again)."""
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
             handler.filters = [f for f in handler.filters if not isinstance(f, _Quiet)]
             handler.addFilter(_Quiet(verbose))
+            if not isinstance(handler.formatter, _ProjectLinesBare):
+                handler.setFormatter(_ProjectLinesBare(handler.formatter))
     if not verbose:
         # a plan made here reads the first rows: datasets' progress bars and torchdata's
         # deprecation notice say nothing about the user's run
