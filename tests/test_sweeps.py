@@ -209,6 +209,10 @@ def test_optuna_reports_the_best_trial_and_a_failed_trial_as_failed(tmp_path, as
     assert results["best_value"] == trained["final_loss"]  # run.objective=final_loss, not 0
     assert "Optuna best value:" in (sweep_dir / "summary.md").read_text()
     assert "step:  3" in result.stdout  # run.verbose=true: torchtitan's log on screen
+    # nothing a user has to learn to ignore: Optuna's INFO lines repeat Hydra's; no Python warning
+    # (a plot legend of every override once crushed the axes)
+    assert [line for line in result.stderr.splitlines() if line.startswith("[I ")] == []
+    assert "constrained_layout not applied" not in output and "[HYDRA] Storage: sqlite:///" in result.stdout
     # the study outlives the sweep: both trials in the sqlite file, as Optuna recorded them
     import optuna
 

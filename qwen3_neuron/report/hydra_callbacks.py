@@ -33,6 +33,12 @@ class SweepReport(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # a sweep dir reused (a fixed hydra.sweep.dir): an old stop note must not skip new jobs
         (Path(config.hydra.sweep.dir) / STOP_FILE).unlink(missing_ok=True)
+        if "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower():
+            import optuna  # the sweeper's own import, made a moment earlier
+
+            # Optuna's INFO lines repeat Hydra's ("A new study created in memory" beside "Storage:
+            # None"); its warnings (a trial that failed) still show
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         if config.hydra.mode == RunMode.MULTIRUN:

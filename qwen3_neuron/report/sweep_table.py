@@ -234,11 +234,13 @@ def plot_losses(report: SweepTable, path: Path) -> None:
     figure = Figure(figsize=(9, 5.5), layout="constrained")
     axes = figure.subplots()
     plotted = 0
+    # what tells the curves apart (a sweep's first job alone: its name; its keys are in the table)
+    legend_keys = report.varying if len(report.jobs) > 1 else []
     for job in report.jobs:
         if not job.losses:
             continue
         steps, losses = zip(*job.losses)
-        label = job_label(job, report.varying) + (f" ({job.summary.get('status')})" if job.failed else "")
+        label = job_label(job, legend_keys) + (f" ({job.summary.get('status')})" if job.failed else "")
         axes.plot(steps, losses, marker="o", markersize=3, linestyle="--" if job.failed else "-", label=label)
         plotted += 1
     axes.set_xlabel("step")
@@ -253,8 +255,18 @@ def plot_losses(report: SweepTable, path: Path) -> None:
 
 
 def job_label(job: Job, keys: list[str]) -> str:
-    overrides = ", ".join(f"{k}={job.overrides.get(k, '')}" for k in keys)
+    """"#1 optimizer.lr=0.0007661, ...": a searched float to 4 significant digits, so a legend of
+    Optuna's draws fits beside the curves (the table keeps every digit)."""
+    overrides = ", ".join(f"{k}={_short(job.overrides.get(k, ''))}" for k in keys)
     return f"#{job.name} {overrides}".strip()
+
+
+def _short(value: str) -> str:
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return f"{number:.4g}" if len(value) > 8 and not value.isdigit() else value
 
 
 def _write_atomically(path: Path, text: str) -> None:
