@@ -54,13 +54,15 @@ SHARED_RUNS = {
     "test_experiments.py": "moe_experiment_run", "test_moe_training.py": "moe_experiment_run",
 }  # fmt: skip
 # xdist hands units out in collection order: the longest first, so that no long one starts last.
-# The order is the worker time per unit of the last fresh-clone `make test` (its --durations,
-# summed per file; AMD EPYC, 2 cores): parallelism 199 s, default_run 178 (resume 95, training
-# 46, memory 37), hf_integration 137, lora 124, chat 101, sweeps 97, data_training 95, dpo 88,
-# slurm 51, moe_experiment_run 49, devices 47, bad_inputs 44.
-LONGEST_FIRST = ("test_parallelism.py", "default_run", "test_hf_integration.py", "test_lora.py", "test_chat.py",
-                 "test_sweeps.py", "test_data_training.py", "test_dpo.py", "test_slurm.py", "moe_experiment_run",
-                 "test_devices.py", "test_bad_inputs.py", "test_build.py")  # fmt: skip
+# The order is the worker time per unit of a full `make test` (its --durations, summed per file;
+# Intel Xeon with AVX512-BF16, 2 cores, other work beside it): parallelism 228 s, default_run 202
+# (resume 129, training 37, memory 36), dpo 187, sweeps 140, hf_integration 140, data_training
+# 123, lora 117, moe_experiment_run 114, bad_inputs 96, chat 90, slurm 63, devices 60, grpo 57,
+# memory_at_scale 44, hf 33, config 32, assets 28, build 28.
+LONGEST_FIRST = ("test_parallelism.py", "default_run", "test_dpo.py", "test_sweeps.py", "test_hf_integration.py",
+                 "test_data_training.py", "test_lora.py", "moe_experiment_run", "test_bad_inputs.py", "test_chat.py",
+                 "test_slurm.py", "test_devices.py", "test_grpo.py", "test_memory_at_scale.py", "test_hf.py",
+                 "test_config.py", "test_assets.py", "test_build.py")  # fmt: skip
 
 
 def _unit(nodeid: str) -> str:
