@@ -298,7 +298,7 @@ def test_run_keys_reach_the_torchrun_command(tmp_path, assets):
     # or a uuid prefix such as 0e123456, which it reads as the float 0.0
     for text, passed in [("19067173", "19067173"), ("0e123456", "0.0")]:
         numeric = plan_for(tmp_path, "run.nnodes=2", "run.rdzv_endpoint=h:1", f"run.rdzv_id={text}", "run.nproc_per_node=1")  # fmt: skip
-        assert f"--rdzv-id={passed}" in numeric.launch.command
+        assert f"--rdzv-id={passed}" in launch_of(numeric).command
 
 
 # ---- integration: every layout trains 10 steps on 2 CPU ranks as one rank does ---------------
