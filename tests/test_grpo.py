@@ -237,6 +237,28 @@ def test_a_prompt_longer_than_the_plan_read_gets_the_room_seq_len_leaves_it():
     assert ids.tolist() == [[1, 2, 7, 7, 7, 7, 0, 0], [1, 2, 3, 4, 5, 6, 7, 7]]
 
 
+def test_sampling_follows_grpo_temperature_and_top_p():
+    """grpo.temperature divides the scores and grpo.top_p keeps the smallest set of tokens holding
+    that much probability; at 1.0 and 1.0 the scores are sampled as they are."""
+    from qwen3_neuron.finetune.grpo_step import logits_warpers
+
+    ids, scores = torch.zeros(1, 3, dtype=torch.long), torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    assert logits_warpers(1.0, 1.0) == []
+
+    def warped(temperature, top_p):
+        out = scores
+        for warper in logits_warpers(temperature, top_p):
+            out = warper(ids, out)
+        return out
+
+    assert torch.equal(warped(0.5, 1.0), scores / 0.5)
+    # probabilities at temperature 1: 0.644, 0.237, 0.087, 0.032; top_p 0.8 keeps the first two
+    kept = torch.isfinite(warped(1.0, 0.8))
+    assert kept.tolist() == [[True, True, False, False]]
+    # at temperature 0.5 the first alone holds 0.87 of the probability
+    assert torch.isfinite(warped(0.5, 0.8)).tolist() == [[True, False, False, False]]
+
+
 def test_grpo_rewards_reach_the_summary_the_end_of_run_lines_and_the_objective(tmp_path, assets):
     from conftest import compose_job
     from test_sweeps import csv_rows, write_records

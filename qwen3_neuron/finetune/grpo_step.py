@@ -34,7 +34,6 @@ import spmd_types as spmd
 import torch
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.distributed import utils as dist_utils
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from qwen3_neuron.data.prompts import PROMPT, ROW, prompt_field
 from qwen3_neuron.finetune.dpo_step import adapters_off
@@ -75,9 +74,7 @@ class GRPOStep:
         self.end_id = tokenizer.tokenizer.token_to_id(END_OF_TURN)
         source = trainer.dataloader.packed_datasets[0].source
         self.prompt_field = prompt_field(source)
-        self.warpers = [TemperatureLogitsWarper(grpo.temperature)] if grpo.temperature != 1.0 else []
-        if grpo.top_p < 1.0:
-            self.warpers.append(TopPLogitsWarper(grpo.top_p))
+        self.warpers = logits_warpers(grpo.temperature, grpo.top_p)
         self._train_step = trainer.train_step
         self._generation: Generation | None = None
         self._steps_on_generation = 0
@@ -260,6 +257,15 @@ class GRPOStep:
         if not parallel_dims.dp_enabled:
             return tensor
         return dist_utils.dist_sum_tensor(tensor, parallel_dims.get_mesh("batch"))
+
+
+def logits_warpers(temperature: float, top_p: float) -> list:
+    """Transformers' own warpers for sampling's temperature, then top-p; none at 1.0 and 1.0."""
+    # imported here: transformers costs every worker of a run without GRPO a second of start-up
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+    warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
+    return warpers + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
 
 
 def completion_labels(ids: torch.Tensor, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor) -> torch.Tensor:
