@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from conftest import read_jsonl, trained
+from conftest import launch, read_jsonl, trained
 import torch
 
 from qwen3_neuron.finetune.grpo import (
@@ -169,6 +169,33 @@ def test_grpo_raises_a_programs_reward_and_the_export_answers_better(tmp_path_fa
     start, tuned = _held_out_reward(assets.tiny_qwen3_dir, held_out), _held_out_reward(run_dir / "hf_export", held_out)
     print(f"held-out digit_share: starting model {start:.4f}, exported policy {tuned:.4f}")
     assert tuned > start + 0.1, (start, tuned)
+
+
+# each generation batch trains two steps; the step-5 checkpoint is taken between the two steps of
+# the third, with two prompts of the dataloader's first batch still in hand on each rank
+REUSED = ("experiment=cpu_qwen3_tiny_grpo", "grpo.num_iterations=2", "training.steps=7",
+          "checkpointing=[from_hf,periodic]", "checkpoint.interval=5")  # fmt: skip
+RESUMED_FROM = 5
+
+
+@pytest.mark.integration
+def test_a_resumed_grpo_run_ends_on_the_uninterrupted_runs_rewards_and_losses(tmp_path, assets):
+    """The run's dir as it stood after its step-5 checkpoint, resumed: the prompts each rank had
+    pulled but not yet generated from and the generation batch still in use come back with the
+    weights and the data position, and steps 6-7 are the uninterrupted run's, bit for bit."""
+    from test_resume import as_of_checkpoint
+
+    run = trained(tmp_path / "uninterrupted", *REUSED)
+    copy = as_of_checkpoint(run, tmp_path / "run", step=RESUMED_FROM)
+    result = launch(None, f"run.resume={copy}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    fields = ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length", "clip_ratio/region_mean")
+    resumed, uninterrupted = ({r["step"]: [r[f] for f in fields] for r in read_jsonl(d / "metrics.jsonl")
+                               if "reward" in r} for d in (copy, run))  # fmt: skip
+    assert sorted(resumed) == sorted(uninterrupted) == list(range(1, 8))
+    assert [resumed[s] for s in (6, 7)] == [uninterrupted[s] for s in (6, 7)]
+    # the step after the checkpoint trained on the kept batch: its completions are step 5's
+    assert resumed[6][4] == resumed[5][4]
 
 
 def test_a_prompt_row_becomes_a_padded_sample_with_its_columns(assets):

@@ -20,11 +20,14 @@ metrics stay torchtitan's. A step:
    through the chunked lm_head (`finetune.logprobs`), the clipped surrogate, the loss normalised
    by the global batch's completions or tokens (FSDP sums the ranks' gradients).
 With `num_iterations` > 1 the sampling policy's log-probabilities are kept for the ratio; with
-`beta` > 0 the reference is the model with its LoRA adapters off (finetune=lora only).
+`beta` > 0 the reference is the model with its LoRA adapters off (finetune=lora only). The
+prompts in hand and the kept generation batch are a checkpoint state, so a resume goes on as
+the uninterrupted run.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Iterator
@@ -32,10 +35,12 @@ from dataclasses import dataclass
 
 import spmd_types as spmd
 import torch
+from torch.distributed.checkpoint.stateful import Stateful
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.distributed import utils as dist_utils
 
 from qwen3_neuron.data.prompts import PROMPT, ROW, prompt_field
+from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.finetune.dpo_step import adapters_off
 from qwen3_neuron.finetune.grpo import (
     TOKEN_METRICS,
@@ -53,6 +58,7 @@ from qwen3_neuron.finetune.reward_calls import load_rewards
 METRIC_PREFIX = "grpo/"  # the step's GRPO metrics in torchtitan's metrics dict
 END_OF_TURN = "<|im_end|>"
 ADVANTAGES, OLD_LOGPS, REFERENCE_LOGPS = "grpo_advantages", "grpo_old_logps", "grpo_reference_logps"
+CHECKPOINT_KEY = "grpo_generation"  # each rank's prompts in hand and kept generation batch, in torchtitan's checkpoints
 
 
 @dataclass
@@ -65,7 +71,11 @@ class Generation:
     metrics: dict[str, float]
 
 
-class GRPOStep:
+class GRPOStep(Stateful):
+    """GRPO in place of the trainer's language-model loss (install with `install`). A checkpoint
+    state: the prompts pulled but not yet generated from and the generation batch still in use
+    (`num_iterations` > 1) are this rank's, and a resume goes on with them as the run would have."""
+
     def __init__(self, trainer, grpo, seed: int):
         self.trainer, self.grpo, self.seed = trainer, grpo, seed
         self.rewards = load_rewards(grpo.rewards, grpo.reward_weights)
@@ -86,6 +96,22 @@ class GRPOStep:
         self.trainer.train_step = self.train_step
         self.trainer.forward_backward_step = self.forward_backward_step
         self.trainer.metrics_processor.step_metrics = self.step_metrics
+        self.trainer.checkpointer.states[CHECKPOINT_KEY] = self
+
+    def state_dict(self) -> dict:
+        # bytes under a key of this data-parallel rank, as torchtitan keeps its dataloaders' states
+        kept = io.BytesIO()
+        torch.save({"waiting": self._waiting, "generation": self._generation, "steps": self._steps_on_generation}, kept)
+        return {f"dp_rank_{self._dp_rank()}": kept.getvalue(), "world_size": self._dp_world_size()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if state_dict["world_size"] != self._dp_world_size():
+            raise ConfigError(f"run.resume: this GRPO run's checkpoint was saved by {state_dict['world_size']} "
+                              f"data-parallel ranks and is resumed on {self._dp_world_size()}; its prompts in hand "
+                              "belong to those ranks: resume it with the parallelism it was saved with")  # fmt: skip
+        # on the CPU: generation and torchtitan's train_step move what they take to the device
+        kept = torch.load(io.BytesIO(state_dict[f"dp_rank_{self._dp_rank()}"]), map_location="cpu", weights_only=False)
+        self._waiting, self._generation, self._steps_on_generation = kept["waiting"], kept["generation"], kept["steps"]
 
     # ---- the step --------------------------------------------------------------------------
 
@@ -108,6 +134,7 @@ class GRPOStep:
 
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens) -> torch.Tensor:
         trainer, generation = self.trainer, self._generation
+        input_dict = dict(input_dict)  # the kept generation batch's own stays whole for its next step
         advantages_, old = input_dict.pop(ADVANTAGES), input_dict.pop(OLD_LOGPS)
         reference = input_dict.pop(REFERENCE_LOGPS)
         inputs, labels, extra_kwargs = trainer.post_dataloading_process(input_dict, labels)
@@ -241,6 +268,10 @@ class GRPOStep:
     def _dp_rank(self) -> int:
         parallel_dims = self.trainer.parallel_dims
         return parallel_dims.get_mesh("batch").get_local_rank() if parallel_dims.dp_enabled else 0
+
+    def _dp_world_size(self) -> int:
+        parallel_dims = self.trainer.parallel_dims
+        return parallel_dims.get_mesh("batch").size() if parallel_dims.dp_enabled else 1
 
     def _dp_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """[n, ...] on each rank -> [ranks x n, ...] in rank order."""
