@@ -3,6 +3,7 @@ rewards and per-token log-probabilities."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 
@@ -172,9 +173,10 @@ def test_grpo_raises_a_programs_reward_and_the_export_answers_better(tmp_path_fa
 
 
 # each generation batch trains two steps; the step-5 checkpoint is taken between the two steps of
-# the third, with two prompts of the dataloader's first batch still in hand on each rank
+# the third, with two prompts of the dataloader's first batch still in hand on each rank; the
+# held-out prompts are sampled and scored at steps 3 and 6
 REUSED = ("experiment=cpu_qwen3_tiny_grpo", "grpo.num_iterations=2", "training.steps=7",
-          "checkpointing=[from_hf,periodic]", "checkpoint.interval=5")  # fmt: skip
+          "checkpointing=[from_hf,periodic]", "checkpoint.interval=5", "validator.freq=3", "validator.steps=1")  # fmt: skip
 RESUMED_FROM = 5
 
 
@@ -182,10 +184,11 @@ RESUMED_FROM = 5
 def test_a_resumed_grpo_run_ends_on_the_uninterrupted_runs_rewards_and_losses(tmp_path, assets):
     """The run's dir as it stood after its step-5 checkpoint, resumed: the prompts each rank had
     pulled but not yet generated from and the generation batch still in use come back with the
-    weights and the data position, and steps 6-7 are the uninterrupted run's, bit for bit."""
+    weights and the data position, and steps 6-7 are the uninterrupted run's, bit for bit, the
+    held-out prompts' reward too."""
     from test_resume import as_of_checkpoint
 
-    run = trained(tmp_path / "uninterrupted", *REUSED)
+    run = trained(tmp_path / "uninterrupted", *REUSED, f"data.val_files={assets.preference_validation_file}")
     copy = as_of_checkpoint(run, tmp_path / "run", step=RESUMED_FROM)
     result = launch(None, f"run.resume={copy}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -196,6 +199,11 @@ def test_a_resumed_grpo_run_ends_on_the_uninterrupted_runs_rewards_and_losses(tm
     assert [resumed[s] for s in (6, 7)] == [uninterrupted[s] for s in (6, 7)]
     # the step after the checkpoint trained on the kept batch: its completions are step 5's
     assert resumed[6][4] == resumed[5][4]
+    validations = [{r["step"]: r["val_reward"] for r in read_jsonl(d / "metrics.jsonl") if "val_reward" in r}
+                   for d in (copy, run)]  # fmt: skip
+    assert validations[0] == validations[1] and {3, 6} <= set(validations[1])
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (copy, run)]
+    assert summaries[0]["val_reward"] == summaries[1]["val_reward"] == validations[1][6]
 
 
 def test_a_prompt_row_becomes_a_padded_sample_with_its_columns(assets):
@@ -295,22 +303,38 @@ def test_grpo_rewards_reach_the_summary_the_end_of_run_lines_and_the_objective(t
     from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value
     from qwen3_neuron.report.sweep_table import write_report
 
+    from qwen3_neuron.launch.progress import Progress
+    from qwen3_neuron.worker.metrics import validation_record
+
     steps = [{"step": s, "loss": 0.1 / s, "reward": reward, "completions/mean_length": 30.0 + s,
               "completions/clipped_ratio": 0.25} for s, reward in ((1, 0.016), (2, 0.2), (3, 0.42))]  # fmt: skip
+    # the held-out prompts' validation at step 2, as the worker logs it: rewards, no loss
+    held_out = validation_record({"validation_metrics/loss": math.nan, "validation_metrics/grpo/reward": 0.3,
+                                  "validation_metrics/grpo/completions/mean_length": 20.0}, step=2)  # fmt: skip
+    assert held_out == {"step": 2, "val_reward": 0.3, "val_completions/mean_length": 20.0}
     tmp_path = tmp_path / "0"  # a sweep's job dir
-    write_records(tmp_path, steps)
+    write_records(tmp_path, [*steps[:2], held_out, steps[2]])
     summary = summarize(tmp_path, "completed", 1.0)
-    assert {k: summary[k] for k in ("first_reward", "reward", "completion_mean_length", "completion_clipped_ratio")} == {
-        "first_reward": 0.016, "reward": 0.42, "completion_mean_length": 33.0, "completion_clipped_ratio": 0.25}  # fmt: skip
+    assert {k: summary[k] for k in ("first_reward", "reward", "completion_mean_length", "completion_clipped_ratio",
+                                    "val_reward", "val_step", "val_loss")} == {
+        "first_reward": 0.016, "reward": 0.42, "completion_mean_length": 33.0, "completion_clipped_ratio": 0.25,
+        "val_reward": 0.3, "val_step": 2, "val_loss": None}  # fmt: skip
     assert ("grpo: reward 0.0160 -> 0.4200; completions 33.0 tokens on average, 25% cut at "
-            "grpo.max_completion_length") in summary_lines(json.loads(json.dumps(summary)))  # fmt: skip
+            "grpo.max_completion_length; held-out prompts: reward 0.3000 at step 2") in summary_lines(
+        json.loads(json.dumps(summary)))  # fmt: skip
     assert sweep_job_value(summary, "reward", stop_on_failure=True) == 0.42
+    assert sweep_job_value(summary, "val_reward", stop_on_failure=True) == 0.3
+    out = io.StringIO()
+    progress = Progress(tmp_path / "metrics.jsonl", total_steps=3, stream=out)
+    progress._poll()
+    progress.stop()
+    assert "step 3/3  loss 0.0333  val reward 0.3000 (step 2)" in out.getvalue()
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "overrides.yaml").write_text("- grpo.beta=0.0\n")
     write_report(tmp_path.parent)  # the sweep table of a sweep of this one job
     row = csv_rows(tmp_path.parent / "summary.csv")[0]
-    assert (row["first_reward"], row["reward"]) == ("0.016", "0.42")
+    assert (row["first_reward"], row["reward"], row["val_reward"]) == ("0.016", "0.42", "0.3")
     job = compose_job("experiment=cpu_qwen3_tiny_grpo", "run.objective=reward")
     check_settings(job.settings, "cpu")  # data=prompts reports it
     with pytest.raises(ConfigError) as refused:

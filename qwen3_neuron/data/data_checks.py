@@ -76,7 +76,10 @@ def check_data(
             )
         if validator.dataloader.sources is not loader.sources and not any(s.val_fraction for s in loader.sources):
             for source in validator.dataloader.sources:
-                rows = _check_source(source, "data", "data.val_files", tokenizer, config.training.seq_len, warn)
+                if source.format == "prompts":
+                    rows = _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens, "data.val_files")
+                else:
+                    rows = _check_source(source, "data", "data.val_files", tokenizer, config.training.seq_len, warn)
                 if len(rows) < PEEK_ROWS and len(rows) < world_size:
                     raise ConfigError(f"data.val_files: {len(rows)} rows for {world_size} ranks; "
                                       "each rank needs at least one")  # fmt: skip
@@ -184,10 +187,12 @@ def _check_fates(source: DataSource, key: str, placed: list[tuple[dict, str]], f
              f"and {dropped} dropped (e.g. {said})")  # fmt: skip
 
 
-def _check_prompts(source: DataSource, tokenizer, seq_len: int, completion_tokens: int) -> None:
+def _check_prompts(
+    source: DataSource, tokenizer, seq_len: int, completion_tokens: int, files_key: str = "data.files"
+) -> list[dict]:
     """data=prompts: the prompt column there, and each first prompt leaving room for a completion."""
-    where = source.hf_dataset or "data.files"
-    placed = first_rows(source, PEEK_ROWS, "data.files")
+    where = source.hf_dataset or files_key
+    placed = first_rows(source, PEEK_ROWS, files_key)
     if not placed:
         raise ConfigError(f"{where}: no rows in {source.name()}")
     field = prompt_field(source)
@@ -206,6 +211,7 @@ def _check_prompts(source: DataSource, tokenizer, seq_len: int, completion_token
                 f"{completion_tokens} more must fit in training.seq_len={seq_len}: raise training.seq_len to at "
                 f"least {length + completion_tokens} or lower grpo.max_completion_length."
             )
+    return [row for row, _ in placed]
 
 
 def _check_pair(renderer: ChatRenderer, pair, seq_len: int, key: str) -> None:

@@ -13,8 +13,10 @@ from qwen3_neuron.eval.eval_section import EvalSettings
 PREFIX = "eval."
 # summary.json fields a job may return besides eval.<task>.<metric>
 SUMMARY_OBJECTIVES = ("final_loss", "first_loss", "val_loss", "tokens_per_second", "mfu", "peak_memory_gib", "wall_seconds",
-                      "reward_accuracy", "reward_margin", "val_reward_accuracy", "val_reward_margin", "reward")  # fmt: skip
-# (reward_* and val_reward_*: data=preference only; reward: data=prompts, the last step's GRPO reward)
+                      "reward_accuracy", "reward_margin", "val_reward_accuracy", "val_reward_margin", "reward",
+                      "val_reward")  # fmt: skip
+# (reward_* and val_reward_*: data=preference only; reward and val_reward: data=prompts, the last
+# step's GRPO reward and the last validation's)
 
 
 def flat_scores(summary: dict[str, Any]) -> dict[str, float]:

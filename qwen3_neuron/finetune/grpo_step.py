@@ -28,7 +28,9 @@ the uninterrupted run.
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,6 +58,7 @@ from qwen3_neuron.finetune.logprobs import hidden_states_out, model_token_logps
 from qwen3_neuron.finetune.reward_calls import load_rewards
 
 METRIC_PREFIX = "grpo/"  # the step's GRPO metrics in torchtitan's metrics dict
+VALIDATION_PREFIX = "validation_metrics/"  # torchtitan's, for a validation's
 END_OF_TURN = "<|im_end|>"
 ADVANTAGES, OLD_LOGPS, REFERENCE_LOGPS = "grpo_advantages", "grpo_old_logps", "grpo_reference_logps"
 CHECKPOINT_KEY = "grpo_generation"  # each rank's prompts in hand and kept generation batch, in torchtitan's checkpoints
@@ -97,6 +100,8 @@ class GRPOStep(Stateful):
         self.trainer.forward_backward_step = self.forward_backward_step
         self.trainer.metrics_processor.step_metrics = self.step_metrics
         self.trainer.checkpointer.states[CHECKPOINT_KEY] = self
+        if hasattr(getattr(self.trainer, "validator", None), "dl_config"):  # torchtitan's Validator, when enabled
+            self.trainer.validator.validate = self.validate
 
     def state_dict(self) -> dict:
         # bytes under a key of this data-parallel rank, as torchtitan keeps its dataloaders' states
@@ -185,15 +190,7 @@ class GRPOStep(Stateful):
         generation_seconds = time.perf_counter() - started
 
         scoring = time.perf_counter()
-        rows = [row for _, _, row in repeated]
-        completion_ids = [ids[p:p + n].tolist() for (chunk_ids, chunk_p, chunk_n) in sequences
-                          for ids, p, n in zip(chunk_ids, chunk_p.tolist(), chunk_n.tolist())]  # fmt: skip
-        texts = [self.tokenizer.decode([t for t in ids if t != self.end_id]) for ids in completion_ids]
-        prompt_values = [row[self.prompt_field] for row in rows]
-        completions = [[{"role": "assistant", "content": text}] if not isinstance(p, str) else text
-                       for p, text in zip(prompt_values, texts)]  # fmt: skip
-        columns = {key: [row.get(key) for row in rows] for key in rows[0] if key != self.prompt_field}
-        local_scores = self.rewards.score(prompt_values, completions, completion_ids, columns).to(trainer.device)
+        local_scores = self._score(sequences, [row for _, _, row in repeated])
         scores = self._dp_gather(local_scores)
         rewards = total_rewards(scores, torch.tensor(self.rewards.weights, device=scores.device))
         all_advantages, zero_std = advantages(rewards, grpo.num_generations, grpo.scale_rewards)
@@ -202,18 +199,72 @@ class GRPOStep(Stateful):
         scoring_seconds = time.perf_counter() - scoring
 
         all_lengths = self._dp_gather(completion_lengths.float().unsqueeze(1)).squeeze(1)
-        clipped = self._dp_gather(self._truncated(sequences).float().unsqueeze(1)).squeeze(1)
-        metrics = {"reward": float(torch.nanmean(rewards)), "reward_std": float(nanstd(rewards)),
-                   "frac_reward_zero_std": float(zero_std.float().mean())}  # fmt: skip
-        for index, name in enumerate(self.rewards.names):
-            metrics[f"rewards/{name}/mean"] = float(torch.nanmean(scores[:, index]))
-            metrics[f"rewards/{name}/std"] = float(nanstd(scores[:, index]))
-        metrics.update({"completions/mean_length": float(all_lengths.mean()), "completions/max_length": float(all_lengths.max()),
-                        "completions/clipped_ratio": float(clipped.mean()), "generation_seconds": generation_seconds,
-                        "scoring_seconds": scoring_seconds})  # fmt: skip
+        metrics = {**self._reward_metrics(scores, rewards), "frac_reward_zero_std": float(zero_std.float().mean()),
+                   **self._length_metrics(sequences, all_lengths), "generation_seconds": generation_seconds,
+                   "scoring_seconds": scoring_seconds}  # fmt: skip
         microbatches = self._microbatches(model, sequences, local_advantages)
         model.train()
         return Generation(microbatches, float(all_lengths.numel()), float(all_lengths.sum()), metrics)
+
+    def _score(self, sequences, rows: list[dict]) -> torch.Tensor:
+        """[completions, reward functions] of this rank's completions (TRL's call of each function)."""
+        completion_ids = [ids[p:p + n].tolist() for (chunk_ids, chunk_p, chunk_n) in sequences
+                          for ids, p, n in zip(chunk_ids, chunk_p.tolist(), chunk_n.tolist())]  # fmt: skip
+        texts = [self.tokenizer.decode([t for t in ids if t != self.end_id]) for ids in completion_ids]
+        prompt_values = [row[self.prompt_field] for row in rows]
+        completions = [[{"role": "assistant", "content": text}] if not isinstance(p, str) else text
+                       for p, text in zip(prompt_values, texts)]  # fmt: skip
+        columns = {key: [row.get(key) for row in rows] for key in rows[0] if key != self.prompt_field}
+        return self.rewards.score(prompt_values, completions, completion_ids, columns).to(self.trainer.device)
+
+    def _reward_metrics(self, scores: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
+        metrics = {"reward": float(torch.nanmean(rewards)), "reward_std": float(nanstd(rewards))}
+        for index, name in enumerate(self.rewards.names):
+            metrics[f"rewards/{name}/mean"] = float(torch.nanmean(scores[:, index]))
+            metrics[f"rewards/{name}/std"] = float(nanstd(scores[:, index]))
+        return metrics
+
+    def _length_metrics(self, sequences, all_lengths: torch.Tensor) -> dict[str, float]:
+        clipped = self._dp_gather(self._truncated(sequences).float().unsqueeze(1)).squeeze(1)
+        return {"completions/mean_length": float(all_lengths.mean()), "completions/max_length": float(all_lengths.max()),
+                "completions/clipped_ratio": float(clipped.mean())}  # fmt: skip
+
+    # ---- validation ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def validate(self, model_parts, step: int) -> None:
+        """torchtitan's Validator's loop with GRPO's measure: `validator.steps` batches of the
+        held-out prompts, one completion each, sampled as in training from a generator seeded
+        the same at every validation (so two validations differ by the policy only), scored by
+        the rewards. Logged as `val_reward` (and per function, and the completions' lengths)."""
+        validator, trainer = self.trainer.validator, self.trainer
+        model = model_parts[0]
+        model.eval()
+        loader = validator.dl_config.build(
+            dp_world_size=validator.dp_world_size, dp_rank=validator.dp_rank, tokenizer=validator.tokenizer,
+            seq_len=validator.seq_len, local_batch_size=validator.local_batch_size,
+        )  # fmt: skip
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 + self._dp_rank())
+        batches = list(itertools.islice(loader, validator.config.steps))
+        # every rank samples as many batches (FSDP gathers each forward's weights on all of them)
+        count = int(self._dp_min(torch.tensor(len(batches), device=trainer.device)))
+        if count == 0:  # a rank without held-out prompts (the plan checks the first rows give each one)
+            model.train()
+            return
+        sequences, rows = [], []
+        for input_dict, _ in batches[:count]:
+            ids = input_dict["input"].to(trainer.device)
+            prompt_lengths = input_dict[PROMPT].to(trainer.device)
+            sequences.append((ids, prompt_lengths, self._sample(model, ids, prompt_lengths, generator)))
+            rows += [json.loads(row) for row in input_dict[ROW]]
+        scores = self._dp_gather(self._score(sequences, rows))
+        rewards = total_rewards(scores, torch.tensor(self.rewards.weights, device=scores.device))
+        lengths = self._dp_gather(torch.cat([n for _, _, n in sequences]).float().unsqueeze(1)).squeeze(1)
+        means = {**self._reward_metrics(scores, rewards), **self._length_metrics(sequences, lengths)}
+        extra = {f"{VALIDATION_PREFIX}{METRIC_PREFIX}{name}": value for name, value in means.items()}
+        # torchtitan's validation record needs a loss: GRPO's held-out measure is the reward, not a loss
+        validator.metrics_processor.log_validation(loss=math.nan, step=step, extra_metrics=extra)
+        model.train()
 
     def _sample(self, model, ids: torch.Tensor, prompt_lengths: torch.Tensor, generator) -> torch.Tensor:
         """Write each row's completion after its prompt in `ids` (in place); its length, end-of-turn included."""
@@ -282,6 +333,14 @@ class GRPOStep(Stateful):
         parts = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
         torch.distributed.all_gather(parts, tensor.contiguous(), group=group)
         return torch.cat(parts)
+
+    def _dp_min(self, tensor: torch.Tensor) -> torch.Tensor:
+        parallel_dims = self.trainer.parallel_dims
+        if not parallel_dims.dp_enabled:
+            return tensor
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MIN,
+                                     group=parallel_dims.get_mesh("batch").get_group())  # fmt: skip
+        return tensor
 
     def _dp_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         parallel_dims = self.trainer.parallel_dims

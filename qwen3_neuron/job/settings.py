@@ -354,7 +354,7 @@ def check_settings(settings: Settings, device: str) -> None:
 
 
 # summary fields only one kind of data reports
-OBJECTIVE_DATA = {"reward": "prompts", **{name: "preference" for name in (
+OBJECTIVE_DATA = {"reward": "prompts", "val_reward": "prompts", **{name: "preference" for name in (
     "reward_accuracy", "reward_margin", "val_reward_accuracy", "val_reward_margin")}}  # fmt: skip
 
 

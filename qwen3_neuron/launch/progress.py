@@ -45,7 +45,7 @@ class Progress:
         self._pending = b""  # a line the writer has not finished yet
         self._first: dict[str, Any] | None = None
         self._last: dict[str, Any] | None = None
-        self._validation: tuple[int, float] | None = None  # the last validation's step and loss
+        self._validation: tuple[int, str, float] | None = None  # the last validation: step, label, figure
         self._unprinted = False  # not on a terminal: the last step's line is still to print
         self._start = time.monotonic()
         self._stop = threading.Event()
@@ -102,7 +102,9 @@ class Progress:
                 continue
         for record in records:  # in the order logged: a step's validation follows its training record
             if "val_loss" in record:
-                self._validation = record["step"], record["val_loss"]
+                self._validation = record["step"], "val", record["val_loss"]
+            elif "val_reward" in record:  # data=prompts: the held-out prompts' reward
+                self._validation = record["step"], "val reward", record["val_reward"]
             if "loss" in record:  # a training step: the one before it is complete
                 if self._unprinted:
                     self._emit(self.line())
@@ -117,7 +119,8 @@ class Progress:
             return f"{PREFIX}{label}  starting ({_clock(time.monotonic() - self._start)})"
         parts = [f"step {last['step']}/{self._total}", f"loss {last.get('loss', float('nan')):.4f}"]
         if self._validation is not None:
-            parts.append(f"val {self._validation[1]:.4f} (step {self._validation[0]})")
+            step, figure, value = self._validation
+            parts.append(f"{figure} {value:.4f} (step {step})")
         if last.get("reward_accuracy") is not None:  # data=preference
             parts.append(f"acc {last['reward_accuracy']:.2f}  margin {last['reward_margin']:.3f}")
         if last.get("tokens_per_second") is not None:

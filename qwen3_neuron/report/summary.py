@@ -37,7 +37,7 @@ _ROOT_CAUSE = re.compile(r"Root Cause.*?\brank\s*:\s*(?P<rank>\d+).*?error_file:
 def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> dict[str, Any]:
     logged = read_metrics(run_dir)
     records = [r for r in logged if "loss" in r]  # training steps (validation may log between them)
-    validations = [r for r in logged if "val_loss" in r]
+    validations = [r for r in logged if "val_loss" in r or "val_reward" in r]  # data=prompts: no loss held out
     # Step 1 carries start-up (compile, first allocations): throughput is the median after it.
     steady = [r["tokens_per_second"] for r in records[1:] if "tokens_per_second" in r]
     peaks = [r["peak_memory_gib"] for r in records if "peak_memory_gib" in r]
@@ -53,13 +53,13 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "first_loss": records[0]["loss"] if records else None,
         "final_loss": records[-1]["loss"] if records else None,
         # torchtitan's Validator (data.val_files / data.val_fraction): the last validation
-        "val_loss": validations[-1]["val_loss"] if validations else None,
+        "val_loss": validations[-1].get("val_loss") if validations else None,
         "val_perplexity": validations[-1].get("val_perplexity") if validations else None,
         "val_step": validations[-1]["step"] if validations else None,
         # data=preference: the DPO rewards of the last step's pairs, and of the last validation's
         **_preference(records[-1] if records else {}, validations[-1] if validations else {}),
-        # data=prompts: the GRPO reward of the first and the last step's completions
-        **_grpo([r for r in records if "reward" in r]),
+        # data=prompts: the GRPO reward of the first and the last step's completions, and of the last validation's
+        **_grpo([r for r in records if "reward" in r], validations[-1] if validations else {}),
         # data=text|chat|mix: what the ranks read and packed, and every overlong document's fate
         "data_stats": data_stats,
         # of the tokens trained on, the share that is not padding (data_stats'; the sweep table's column)
@@ -145,10 +145,11 @@ GRPO_FIELDS = {"reward": "reward", "completion_mean_length": "completions/mean_l
                "completion_clipped_ratio": "completions/clipped_ratio"}  # summary field: metrics.jsonl's
 
 
-def _grpo(steps: list[dict[str, Any]]) -> dict[str, Any]:
+def _grpo(steps: list[dict[str, Any]], validation: dict[str, Any]) -> dict[str, Any]:
     if not steps:
         return {}
-    return {"first_reward": steps[0]["reward"], **{field: steps[-1].get(name) for field, name in GRPO_FIELDS.items()}}
+    return {"first_reward": steps[0]["reward"], **{field: steps[-1].get(name) for field, name in GRPO_FIELDS.items()},
+            "val_reward": validation.get("val_reward")}  # fmt: skip
 
 
 def _mfu(flops_per_token: float | None, tokens_per_second: float | None, peak: dict | None) -> float | None:
@@ -211,6 +212,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"grpo: reward {summary['first_reward']:.4f} -> {summary['reward']:.4f}; completions "
                      f"{summary['completion_mean_length']:.1f} tokens on average, "
                      f"{summary['completion_clipped_ratio']:.0%} cut at grpo.max_completion_length")  # fmt: skip
+        if summary.get("val_reward") is not None:
+            lines[-1] += f"; held-out prompts: reward {summary['val_reward']:.4f} at step {summary['val_step']}"
     speed = []
     if summary.get("tokens_per_second") is not None:
         speed.append(f"{summary['tokens_per_second']:,.0f} tok/s")

@@ -45,13 +45,19 @@ _VALIDATION_LOSS = "validation_metrics/loss"
 
 _PREFERENCE = "preference/"  # data=preference: the DPO metrics (finetune.dpo_step), val_ prefixed when held out
 _VALIDATION_PREFERENCE = "validation_metrics/preference/"
-_GRPO = "grpo/"  # data=prompts: the GRPO metrics (finetune.grpo_step)
+_GRPO = "grpo/"  # data=prompts: the GRPO metrics (finetune.grpo_step), val_ prefixed when held out
+_VALIDATION_GRPO = "validation_metrics/grpo/"
 
 
 def validation_record(metrics: dict[str, Any], step: int) -> dict[str, Any]:
     """torchtitan's Validator result as its own record of the step (`read_metrics` merges the
     records of one step): the mean loss per label token over the validation batches, and its
-    perplexity (data=preference: the mean DPO loss over the held-out pairs, and their rewards)."""
+    perplexity (data=preference: the mean DPO loss over the held-out pairs, and their rewards;
+    data=prompts: the rewards of completions to the held-out prompts, no loss)."""
+    grpo = {f"val_{key[len(_VALIDATION_GRPO):]}": float(value) for key, value in metrics.items()
+            if key.startswith(_VALIDATION_GRPO)}  # fmt: skip
+    if grpo:
+        return {"step": step, **grpo}
     loss = float(metrics[_VALIDATION_LOSS])
     preference = {f"val_{key[len(_VALIDATION_PREFERENCE):]}": float(value) for key, value in metrics.items()
                   if key.startswith(_VALIDATION_PREFERENCE) and not key.endswith("/loss")}  # fmt: skip
