@@ -177,7 +177,6 @@ PLAN_TIME = [
      ["grpo.rewards[0]: 'examples.my_rewards.nothing': module 'examples.my_rewards' has no 'nothing'."]),
     ([*GRPO, "grpo.rewards=[no_such_module.reward]"], ["grpo.rewards[0]: 'no_such_module.reward': module 'no_such_module' cannot be imported"]),
     ([*GRPO, "grpo.reward_weights=[1.0,2.0]"], ["grpo.reward_weights has 2 weights for 1 rewards"]),
-    ([*GRPO, "grpo.beta=0.04"], ["grpo.beta > 0 with finetune=full is not built", "finetune=lora"]),
     ([*GRPO, "grpo.loss_type=ppo"], ["grpo.loss_type", "'dapo'", "'dr_grpo'"]),
     (["data=chat", "grpo.beta=0.1"], ["grpo.beta applies to data=prompts (this is data=chat)"]),
 ]  # fmt: skip

@@ -173,9 +173,10 @@ def test_grpo_raises_a_programs_reward_and_the_export_answers_better(tmp_path_fa
 
 
 # each generation batch trains two steps; the step-5 checkpoint is taken between the two steps of
-# the third, with two prompts of the dataloader's first batch still in hand on each rank; the
-# held-out prompts are sampled and scored at steps 3 and 6
-REUSED = ("experiment=cpu_qwen3_tiny_grpo", "grpo.num_iterations=2", "training.steps=7",
+# the third, with two prompts of the dataloader's first batch still in hand on each rank; the KL
+# to the starting weights (finetune=full: a frozen copy); the held-out prompts are sampled and
+# scored at steps 3 and 6
+REUSED = ("experiment=cpu_qwen3_tiny_grpo", "grpo.num_iterations=2", "grpo.beta=0.04", "training.steps=7",
           "checkpointing=[from_hf,periodic]", "checkpoint.interval=5", "validator.freq=3", "validator.steps=1")  # fmt: skip
 RESUMED_FROM = 5
 
@@ -183,22 +184,24 @@ RESUMED_FROM = 5
 @pytest.mark.integration
 def test_a_resumed_grpo_run_ends_on_the_uninterrupted_runs_rewards_and_losses(tmp_path, assets):
     """The run's dir as it stood after its step-5 checkpoint, resumed: the prompts each rank had
-    pulled but not yet generated from and the generation batch still in use come back with the
-    weights and the data position, and steps 6-7 are the uninterrupted run's, bit for bit, the
-    held-out prompts' reward too."""
+    pulled but not yet generated from, the generation batch still in use and the frozen starting
+    weights come back with the weights and the data position, and steps 6-7 are the
+    uninterrupted run's, bit for bit, the KL and the held-out prompts' reward too."""
     from test_resume import as_of_checkpoint
 
     run = trained(tmp_path / "uninterrupted", *REUSED, f"data.val_files={assets.preference_validation_file}")
     copy = as_of_checkpoint(run, tmp_path / "run", step=RESUMED_FROM)
     result = launch(None, f"run.resume={copy}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    fields = ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length", "clip_ratio/region_mean")
+    fields = ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length", "clip_ratio/region_mean", "kl")
     resumed, uninterrupted = ({r["step"]: [r[f] for f in fields] for r in read_jsonl(d / "metrics.jsonl")
                                if "reward" in r} for d in (copy, run))  # fmt: skip
     assert sorted(resumed) == sorted(uninterrupted) == list(range(1, 8))
     assert [resumed[s] for s in (6, 7)] == [uninterrupted[s] for s in (6, 7)]
     # the step after the checkpoint trained on the kept batch: its completions are step 5's
     assert resumed[6][4] == resumed[5][4]
+    # the KL: 0 while the policy is the reference (step 1, before its update), then positive
+    assert resumed[1][6] == 0.0 and all(resumed[s][6] > 0 for s in range(2, 8))
     validations = [{r["step"]: r["val_reward"] for r in read_jsonl(d / "metrics.jsonl") if "val_reward" in r}
                    for d in (copy, run)]  # fmt: skip
     assert validations[0] == validations[1] and {3, 6} <= set(validations[1])
@@ -343,3 +346,15 @@ def test_grpo_rewards_reach_the_summary_the_end_of_run_lines_and_the_objective(t
         "run.objective=reward is reported by data=prompts runs only (this one is data=tiny): every job would "
         "return no value. final_loss, val_loss, tokens_per_second or eval.<task>.<metric> are reported by every run."
     )
+
+
+def test_the_memory_plan_counts_the_frozen_reference_of_a_full_grpo_run_with_a_kl(tmp_path, assets):
+    from conftest import compose_job, plan_of
+
+    def memory(*overrides):
+        return plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo", *overrides), tmp_path / f"run{len(overrides)}").memory
+
+    without, with_kl = memory(), memory("grpo.beta=0.04")
+    assert without.reference_gib == 0 and with_kl.reference_gib == with_kl.parameters_gib > 0
+    assert with_kl.per_rank_gib == pytest.approx(without.per_rank_gib + with_kl.parameters_gib)
+    assert "frozen reference" in with_kl.line()

@@ -20,7 +20,8 @@ metrics stay torchtitan's. A step:
    through the chunked lm_head (`finetune.logprobs`), the clipped surrogate, the loss normalised
    by the global batch's completions or tokens (FSDP sums the ranks' gradients).
 With `num_iterations` > 1 the sampling policy's log-probabilities are kept for the ratio; with
-`beta` > 0 the reference is the model with its LoRA adapters off (finetune=lora only). The
+`beta` > 0 the reference is the model with its LoRA adapters off (finetune=lora) or a frozen copy
+of the starting weights (finetune=full, DPO's `FrozenReference`, a checkpoint state too). The
 prompts in hand and the kept generation batch are a checkpoint state, so a resume goes on as
 the uninterrupted run.
 """
@@ -43,7 +44,7 @@ from torchtitan.distributed import utils as dist_utils
 
 from qwen3_neuron.data.prompts import PROMPT, ROW, prompt_field
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.finetune.dpo_step import adapters_off
+from qwen3_neuron.finetune.dpo_step import FrozenReference, adapters_off
 from qwen3_neuron.finetune.grpo import (
     TOKEN_METRICS,
     advantages,
@@ -62,6 +63,7 @@ VALIDATION_PREFIX = "validation_metrics/"  # torchtitan's, for a validation's
 END_OF_TURN = "<|im_end|>"
 ADVANTAGES, OLD_LOGPS, REFERENCE_LOGPS = "grpo_advantages", "grpo_old_logps", "grpo_reference_logps"
 CHECKPOINT_KEY = "grpo_generation"  # each rank's prompts in hand and kept generation batch, in torchtitan's checkpoints
+REFERENCE_KEY = "grpo_reference"  # finetune=full with beta > 0: the frozen starting weights, in the checkpoints
 
 
 @dataclass
@@ -79,8 +81,10 @@ class GRPOStep(Stateful):
     state: the prompts pulled but not yet generated from and the generation batch still in use
     (`num_iterations` > 1) are this rank's, and a resume goes on with them as the run would have."""
 
-    def __init__(self, trainer, grpo, seed: int):
+    def __init__(self, trainer, grpo, seed: int, lora: bool):
         self.trainer, self.grpo, self.seed = trainer, grpo, seed
+        # the KL's reference: finetune=lora's model with its adapters off; finetune=full's a frozen copy
+        self.frozen = FrozenReference(trainer.model_parts[0]) if grpo.beta and not lora else None
         self.rewards = load_rewards(grpo.rewards, grpo.reward_weights)
         tokenizer = trainer.tokenizer
         self.tokenizer = tokenizer
@@ -100,6 +104,8 @@ class GRPOStep(Stateful):
         self.trainer.forward_backward_step = self.forward_backward_step
         self.trainer.metrics_processor.step_metrics = self.step_metrics
         self.trainer.checkpointer.states[CHECKPOINT_KEY] = self
+        if self.frozen is not None:
+            self.trainer.checkpointer.states[REFERENCE_KEY] = self.frozen
         if hasattr(getattr(self.trainer, "validator", None), "dl_config"):  # torchtitan's Validator, when enabled
             self.trainer.validator.validate = self.validate
 
@@ -122,6 +128,8 @@ class GRPOStep(Stateful):
 
     def train_step(self, data_iterator: Iterator) -> None:
         self._started = time.perf_counter()
+        if self.frozen is not None and not int(self.frozen.taken):
+            self.frozen.take()  # the starting weights: torchtitan loaded them before the first step
         processor = self.trainer.metrics_processor
         tokens, loads = processor.ntokens_since_last_log, len(processor.data_loading_times)
         if self._generation is None or self._steps_on_generation == self.grpo.num_iterations:
@@ -309,7 +317,7 @@ class GRPOStep(Stateful):
             if self.grpo.num_iterations > 1:
                 input_dict[OLD_LOGPS] = model_token_logps(model, ids, labels, {})
             if self.grpo.beta:
-                with adapters_off(model):
+                with adapters_off(model) if self.frozen is None else self.frozen.swapped_in():
                     input_dict[REFERENCE_LOGPS] = model_token_logps(model, ids, labels, {})
             microbatches.append((input_dict, labels))
         return microbatches
@@ -368,7 +376,7 @@ def completion_labels(ids: torch.Tensor, prompt_lengths: torch.Tensor, completio
     return labels.masked_fill((positions < start) | (positions >= end), IGNORE_INDEX)
 
 
-def install(trainer, grpo, seed: int) -> GRPOStep:
-    step = GRPOStep(trainer, grpo, seed)
+def install(trainer, grpo, seed: int, lora: bool) -> GRPOStep:
+    step = GRPOStep(trainer, grpo, seed, lora)
     step.install()
     return step

@@ -115,7 +115,9 @@ def make_plan(
     if settings.finetune.method == "lora":
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
     parameters = parameter_counts(model_on_meta)
-    frozen_reference = settings.data.kind == "preference" and settings.finetune.method == "full"
+    # DPO's reference, and GRPO's KL reference with beta > 0: finetune=full keeps the starting weights
+    reference = settings.data.kind == "preference" or (settings.data.kind == "prompts" and settings.grpo.beta > 0)
+    frozen_reference = reference and settings.finetune.method == "full"
     logprobs = settings.data.kind in ("preference", "prompts")  # DPO's and GRPO's loss
     memory = estimate_memory(config, world_size, device, nproc, model_on_meta, frozen_reference, logprobs)
     refusal = None
@@ -230,9 +232,6 @@ def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int) -> 
             "weights: a random init writes nothing a reward can tell apart. Add checkpointing=from_hf (e.g. "
             "checkpointing=[from_hf,export_hf]) or checkpoint.initial_load_path=<dir>."
         )
-    if grpo.beta and settings.finetune.method != "lora":
-        raise ConfigError("grpo.beta > 0 with finetune=full is not built: the reference is the model with its "
-                          "LoRA adapters off. Use finetune=lora, or grpo.beta=0 (TRL's default).")  # fmt: skip
     degrees = layout.resolve_degrees(config.parallelism, world_size)
     for name, degree in {"pipeline": degrees.pp, "tensor": degrees.tp, "context": degrees.cp}.items():
         if degree > 1:

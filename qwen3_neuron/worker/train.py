@@ -111,7 +111,8 @@ def main(run_dir: Path) -> None:
             dpo = install_dpo(trainer, settings.preference, lora)  # before the meters wrap the step they measure
             held = dpo.frozen.copies if dpo.frozen is not None else []
         if settings.data.kind == "prompts":
-            install_grpo(trainer, settings.grpo, config.debug.seed or 0)
+            grpo = install_grpo(trainer, settings.grpo, config.debug.seed or 0, lora)
+            held = grpo.frozen.copies if grpo.frozen is not None else []
         if config.checkpoint.create_seed_checkpoint:  # the plan checked world size 1, checkpoint.enable
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")

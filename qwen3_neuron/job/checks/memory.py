@@ -1,7 +1,7 @@
 """Will it fit? The tensor memory one rank needs at the peak of a step, estimated from the final
 Trainer.Config.
 
-    per rank = parameters + optimizer states (+ DPO's frozen reference)   (local shards, exact sizes)
+    per rank = parameters + optimizer states (+ DPO's / GRPO's frozen reference)   (local shards, exact sizes)
              + the largest of the step's moments:
                at the loss          activations held for backward + the logits' working memory of
                                     one loss chunk + the lm_head's weight buffers and gradient
@@ -98,7 +98,7 @@ class MemoryEstimate:
     device: str
     ranks_per_node: int
     notes: list[str] = field(default_factory=list)
-    reference_gib: float = 0.0  # data=preference with finetune=full: the frozen copy of the starting weights
+    reference_gib: float = 0.0  # finetune=full's DPO / GRPO (beta > 0) reference: a frozen copy of the starting weights
 
     @property
     def fits(self) -> bool:
@@ -112,7 +112,7 @@ class MemoryEstimate:
             "activations": self.activations_gib,
             "lm_head and loss buffers": self.logits_gib,
             "recompute": self.recompute_gib,
-            "DPO reference": self.reference_gib,
+            "frozen reference": self.reference_gib,
         }
 
     def line(self) -> str:
@@ -135,7 +135,7 @@ def estimate_memory(
     logprobs: bool = False,
 ) -> MemoryEstimate:
     """Tensor memory per rank of `config`'s training; `model_on_meta`: `meta_model(config)`;
-    `frozen_reference`: DPO keeps a copy of the starting weights (each rank its shards);
+    `frozen_reference`: DPO (and GRPO with beta > 0) keeps a copy of the starting weights (each rank its shards);
     `logprobs`: the loss is made of per-token log-probabilities (DPO, GRPO), not the SFT loss."""
     from torchtitan.distributed.parallel_dims import ParallelDims
 
