@@ -177,6 +177,9 @@ PLAN_TIME = [
      ["grpo.rewards[0]: 'examples.my_rewards.nothing': module 'examples.my_rewards' has no 'nothing'."]),
     ([*GRPO, "grpo.rewards=[no_such_module.reward]"], ["grpo.rewards[0]: 'no_such_module.reward': module 'no_such_module' cannot be imported"]),
     ([*GRPO, "grpo.reward_weights=[1.0,2.0]"], ["grpo.reward_weights has 2 weights for 1 rewards"]),
+    ([*GRPO, "grpo.rewards=[qwen3_neuron.finetune.rewards.exact_answer]"],
+     ["grpo.rewards[0]: qwen3_neuron.finetune.rewards.exact_answer reads the column 'answer' of each row, which the "
+      "first rows of ", "lack (their columns besides the prompt: chosen, rejected)"]),
     ([*GRPO, "grpo.loss_type=ppo"], ["grpo.loss_type", "'dapo'", "'dr_grpo'"]),
     (["data=chat", "grpo.beta=0.1"], ["grpo.beta applies to data=prompts (this is data=chat)"]),
 ]  # fmt: skip

@@ -161,6 +161,26 @@ def test_trn2_qwen3_4b_sft_plans_chat_sft_with_validation_on_64_ranks(tmp_path, 
     assert config.checkpoint.initial_load_in_hf and config.checkpoint.last_save_in_hf
 
 
+def test_trn2_qwen3_4b_grpo_plans_lora_grpo_with_held_out_prompts_and_one_generation_shape(tmp_path, assets):
+    rows = tmp_path / "math.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
+                                        "answer": str(2 * i)}) + "\n" for i in range(100)))  # fmt: skip
+    files = f"data.files={rows}"
+    try:
+        plan = dry_run(tmp_path, "trn2_qwen3_4b_grpo", files)
+    except ConfigError as e:  # the published weights are not in this machine's HF cache
+        assert "Qwen/Qwen3-4B-Instruct-2507" in str(e) and "cache" in str(e)
+        plan = dry_run(tmp_path, "trn2_qwen3_4b_grpo", files, f"model.hf_model={assets.tiny_qwen3_dir}")
+    assert_one_trn2_node(plan)
+    config = plan.trainer_config
+    [source] = config.dataloader.sources
+    assert (source.format, source.val_fraction) == ("prompts", 0.02) and config.validator.enable
+    assert plan.job.settings.finetune.method == "lora" and plan.job.settings.grpo.num_generations == 8
+    assert config.training.local_batch_size % plan.job.settings.grpo.num_generations == 0  # whole groups per rank
+    assert "GRPO's generation: each new token one forward of the same 8 x 2048 buffer" in plan.static_shapes
+    assert config.checkpoint.initial_load_in_hf and config.checkpoint.last_save_in_hf
+
+
 def test_trn2_qwen3_4b_sft_without_data_files_names_the_key(tmp_path, assets):
     with pytest.raises(ConfigError, match=r"data: set exactly one of files or hf_dataset \(got neither; e.g. data.files="):
         dry_run(tmp_path, "trn2_qwen3_4b_sft", f"model.hf_model={assets.tiny_qwen3_dir}")

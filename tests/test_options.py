@@ -65,6 +65,7 @@ OPTIONS = {
     "experiment=trn2_qwen3_4b_native": [],
     "experiment=trn2_qwen3_4b_sft": ([CHATS], QWEN3_4B),
     "experiment=trn2_qwen3_4b_dpo": (["data.files=${assets:preference_train_file}"], QWEN3_4B),
+    "experiment=trn2_qwen3_4b_grpo": (["data.files=${assets:preference_train_file}"], QWEN3_4B),
     "experiment=trn2_qwen3_moe_nki": [],
 }
 GROUPS = ("checkpointing", "data", "device", "finetune", "kernels", "model", "parallelism", "experiment")

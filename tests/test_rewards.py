@@ -7,7 +7,7 @@ import math
 import pytest
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.finetune.reward_calls import RewardError, load_rewards
+from qwen3_neuron.finetune.reward_calls import RewardError, Rewards, load_rewards
 from qwen3_neuron.finetune.rewards import exact_answer, final_answer, length_penalty, matches_format
 
 
@@ -77,3 +77,27 @@ def test_the_shipped_rewards():
     assert exact_answer(replies, ["1234", "42", "paris", "8", None]) == [1.0, 1.0, 1.0, 0.0, None]
     assert matches_format(["<think>a</think> b", "b", "c"], [r"<think>.*</think>.+", r"<think>.*</think>.+", None]) == [1.0, 0.0, None]
     assert length_penalty(completion_ids=[[1] * 10, []]) == [-0.01, -0.0]
+
+
+def test_the_columns_a_reward_reads_are_checked_against_the_rows_before_anything_runs():
+    def reads_answer(prompts, completions, answer, **kwargs):
+        return [1.0 for _ in completions]
+
+    def no_kwargs(prompts, completions, completion_ids, answer):
+        return [1.0 for _ in completions]
+
+    both = Rewards(["m.reads_answer", "m.no_kwargs"], [reads_answer, no_kwargs], [1.0, 1.0])
+    both.check_columns({"answer"}, "rows.jsonl")  # what each reads is there, nothing else is handed over
+    with pytest.raises(ConfigError) as missing:
+        both.check_columns({"solution"}, "rows.jsonl")
+    assert str(missing.value) == (
+        "grpo.rewards[0]: m.reads_answer reads the column 'answer' of each row, which the first rows of rows.jsonl "
+        "lack (their columns besides the prompt: solution). Add it to the rows, or choose a reward that reads the "
+        "columns they have."
+    )
+    with pytest.raises(ConfigError) as unexpected:
+        both.check_columns({"answer", "source"}, "rows.jsonl")
+    assert str(unexpected.value) == (
+        "grpo.rewards[1]: m.no_kwargs takes no **kwargs, but every column of the row is handed to it as TRL does "
+        "(source too): add **kwargs to its parameters."
+    )

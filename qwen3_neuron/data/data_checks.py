@@ -44,11 +44,14 @@ def _check_hub_cache(repo_id: str, key: str) -> None:
 
 
 def check_data(
-    config: Trainer.Config, world_size: int, completion_tokens: int = 0, warn: Callable[[str], None] = print
-) -> None:
-    """Raise ConfigError on a data section the workers could not train on. `completion_tokens`:
-    data=prompts, the room each prompt must leave in training.seq_len (grpo.max_completion_length);
-    `warn` gets what the first rows showed that the user should know (rows dropped at this seq_len)."""
+    config: Trainer.Config, world_size: int, completion_tokens: int = 0, warn: Callable[[str], None] = print,
+    rewards=None,
+) -> None:  # fmt: skip
+    """Raise ConfigError on a data section the workers could not train on. data=prompts:
+    `completion_tokens` is the room each prompt must leave in training.seq_len
+    (grpo.max_completion_length), and `rewards` (`finetune.reward_calls.Rewards`) checks the
+    columns its functions read against the first rows'. `warn` gets what the first rows showed
+    that the user should know (rows dropped at this seq_len)."""
     loader = config.dataloader
     if getattr(loader, "dataset", None) in HUB_REGISTERED and not loader.dataset_path:
         _check_hub_cache(HUB_REGISTERED[loader.dataset], f"dataloader.dataset={loader.dataset}")
@@ -62,7 +65,9 @@ def check_data(
             raise ConfigError(f"{key}.max_dropped={source.max_dropped}: a share of the rows read, in [0, 1) "
                               "(0.1: a tenth), or null for no limit")  # fmt: skip
         if source.format == "prompts":
-            _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens)
+            rows = _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens)
+            if rewards is not None:
+                rewards.check_columns({name for row in rows for name in row} - {prompt_field(source)}, source.name())
             continue
         rows = _check_source(source, key, f"{key}.files", tokenizer, config.training.seq_len, warn)
         if source.val_fraction:

@@ -17,6 +17,7 @@ stops the run with a sentence naming it and the completion (and its prompt).
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ from typing import Any
 import torch
 
 from qwen3_neuron.errors import ConfigError, Qwen3NeuronError
+
+
+TRL_ARGUMENTS = {"prompts", "completions", "completion_ids"}  # what every call hands besides the columns
 
 
 class RewardError(Qwen3NeuronError, RuntimeError):
@@ -66,6 +70,29 @@ class Rewards:
                 _call(name, function, prompts, completions, completion_ids, columns), dtype=torch.float32
             )
         return scores
+
+    def check_columns(self, columns: set[str], source: str) -> None:
+        """Before anything starts: every column a function requires is one the rows hold, and a
+        function without **kwargs accepts every column it will be handed (TRL hands them all)."""
+        for index, (name, function) in enumerate(zip(self.names, self.functions)):
+            parameters = inspect.signature(function).parameters.values()
+            required = [p.name for p in parameters if p.default is p.empty and p.name not in TRL_ARGUMENTS
+                        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+            missing = [column for column in required if column not in columns]
+            if missing:
+                raise ConfigError(
+                    f"grpo.rewards[{index}]: {name} reads the column {', '.join(map(repr, missing))} of each row, "
+                    f"which the first rows of {source} lack (their columns besides the prompt: "
+                    f"{', '.join(sorted(columns)) or 'none'}). Add it to the rows, or choose a reward that reads "
+                    "the columns they have."
+                )
+            if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+                unexpected = sorted(columns - TRL_ARGUMENTS - {p.name for p in parameters})
+                if unexpected:
+                    raise ConfigError(
+                        f"grpo.rewards[{index}]: {name} takes no **kwargs, but every column of the row is "
+                        f"handed to it as TRL does ({', '.join(unexpected)} too): add **kwargs to its parameters."
+                    )
 
 
 def load_rewards(names: Sequence[str], weights: Sequence[float] | None) -> Rewards:

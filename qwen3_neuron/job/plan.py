@@ -96,8 +96,7 @@ def make_plan(
     _check_worker_modes(config, world_size)
     if settings.data.kind == "preference":
         _check_preference(config, settings, world_size)
-    if settings.data.kind == "prompts":
-        _check_grpo(config, settings, world_size)
+    rewards = _check_grpo(config, settings, world_size) if settings.data.kind == "prompts" else None
     replacements, unapplied = _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes)
     static_shapes = None
     if device == "neuron" and config.compile.enable:  # before torchrun: nothing recompiles or fails there
@@ -110,7 +109,8 @@ def make_plan(
     _check_export(config, settings)
     _check_local_paths(config)
     completion_tokens = settings.grpo.max_completion_length if settings.data.kind == "prompts" else 0
-    check_data(config, world_size, completion_tokens, warn)  # first rows only: fields, conversations, chat template, validation set
+    # first rows only: fields, conversations, chat template, validation set, the columns the rewards read
+    check_data(config, world_size, completion_tokens, warn, rewards)
     model_on_meta = meta_model(config)  # built once for the LoRA note, the counts and the estimate
     if settings.finetune.method == "lora":
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
@@ -220,12 +220,13 @@ def _check_preference(config: Trainer.Config, settings: Settings, world_size: in
             )
 
 
-def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int) -> None:
-    """data=prompts: GRPO samples from a model that already writes, in whole groups per rank."""
+def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int):
+    """data=prompts: GRPO samples from a model that already writes, in whole groups per rank.
+    Returns the reward functions (their columns are checked against the first rows)."""
     from qwen3_neuron.finetune.reward_calls import load_rewards
 
     grpo = settings.grpo
-    load_rewards(grpo.rewards, grpo.reward_weights)  # importable, callable, one weight each
+    rewards = load_rewards(grpo.rewards, grpo.reward_weights)  # importable, callable, one weight each
     if not _loads_starting_weights(config.checkpoint):
         raise ConfigError(
             "data=prompts samples completions from the model and rewards the better ones, but nothing loads "
@@ -244,6 +245,7 @@ def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int) -> 
             f"gradient accumulation) does not divide into whole groups of grpo.num_generations="
             f"{grpo.num_generations}: make it a multiple (e.g. training.local_batch_size={grpo.num_generations})."
         )
+    return rewards
 
 
 def _accumulation_steps(config: Trainer.Config, world_size: int) -> int:

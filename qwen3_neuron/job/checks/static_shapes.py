@@ -85,9 +85,13 @@ def _check_batches(config: Trainer.Config, why: str) -> str:
             f"a finite pass is partial (fewer than training.local_batch_size rows), a new shape that "
             f"recompiles ({why}). Set dataloader.infinite=true (the data re-loops) or compile.enable=false."
         )
+    generation = ""
+    if any(getattr(source, "format", None) == "prompts" for source in getattr(config.dataloader, "sources", ())):
+        generation = (f"; GRPO's generation: each new token one forward of the same {shape} buffer without "
+                      "gradients (prompts padded to seq_len, no KV cache), one more graph compiled once")  # fmt: skip
     validator = config.validator
     if not validator.enable:
-        return f"training batches {shape} tokens, no validation"
+        return f"training batches {shape} tokens, no validation{generation}"
     _check_loader(validator.dataloader, "validator.dataloader", why)
     if validator.steps == -1:
         raise ConfigError(
@@ -96,7 +100,7 @@ def _check_batches(config: Trainer.Config, why: str) -> str:
             f"recompiles ({why}). Set validator.steps=N (batches per validation; the loader then "
             "re-loops and every batch is full)."
         )
-    return f"training and validation batches {shape} tokens (validator.steps={validator.steps})"
+    return f"training and validation batches {shape} tokens (validator.steps={validator.steps}){generation}"
 
 
 def _check_loader(loader, key: str, why: str) -> None:
