@@ -1,6 +1,6 @@
 """The README's commands as written: every `launch.py` line of its bash blocks composes and plans
 (in-process, as a dry run; a sweep, each of its jobs), in a dir holding the files the README names
-(`chats.jsonl`, `corpus/`, `alpaca.json`, `Qwen3-0.6B/`), made from the bundled assets. A README
+(`chats.jsonl`, `pairs.jsonl`, `math.jsonl`, `corpus/`, `alpaca.json`, `Qwen3-0.6B/`), made from the bundled assets. A README
 example that drifts from what runs fails here."""
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def users_dir(tmp_path, assets, monkeypatch):
     shutil.copy(assets.text_train_file, tmp_path / "corpus" / "part-0.jsonl")
     rows = [{"instruction": f"Say {n}.", "output": f"{n}"} for n in range(40)]
     (tmp_path / "alpaca.json").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    rows = [{"prompt": [{"role": "user", "content": f"What is {n} + {n}?"}], "answer": str(2 * n)} for n in range(40)]
+    (tmp_path / "math.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (tmp_path / "Qwen3-0.6B").symlink_to(assets.tiny_qwen3_dir)  # what `hf download` would have put there
     monkeypatch.chdir(tmp_path)
     return tmp_path
