@@ -43,7 +43,7 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
         why = (" It only exported its model (checkpointing=export_hf without periodic): the export holds "
                "the weights, not the optimizer, learning-rate schedule or data position a resume continues "
                "with. To train on from those weights: a new run with checkpointing=[from_hf,...] "
-               f"checkpoint.initial_load_path=<its hf_export dir>." if exported else "")  # fmt: skip
+               "checkpoint.initial_load_path=<its hf_export dir>." if exported else "")  # fmt: skip
         raise ConfigError(
             f"run.resume={run_dir}: no complete checkpoint in {folder}: nothing to continue from. "
             f"Checkpoints are written with checkpointing=periodic (every checkpoint.interval steps).{why}"

@@ -62,6 +62,7 @@ def main(run_dir: Path) -> None:
         from qwen3_neuron.hf_io.export import exports_hf
         from qwen3_neuron.job.job import Job
         from qwen3_neuron.job.trainer_config import build_trainer_config
+        from qwen3_neuron.worker.end_of_training import meet_after_training, skip_the_closing_sleep
         from qwen3_neuron.worker.full_last_step import keeps_a_full_last_step, save_full_last_step
         from qwen3_neuron.worker.lr_schedule import follow_one_schedule, schedule_end
         from qwen3_neuron.worker.step_memory import measure_one_step, write_step_memory
@@ -119,7 +120,9 @@ def main(run_dir: Path) -> None:
         else:
             meter = measure_training(trainer)  # tensor_memory.json: what the plan's estimate predicts
             step_memory = measure_one_step(trainer, config.training.steps, held) if settings.run.measure_memory else None
+            skip_the_closing_sleep()
             trainer.train()
+            meet_after_training()
             write_measurement(trainer, meter, run_dir)
             if step_memory is not None:
                 write_step_memory(step_memory, run_dir)
