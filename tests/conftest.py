@@ -164,11 +164,7 @@ def default_run(tmp_path_factory, assets) -> Path:
     uninterrupted reference and the first of its two launches of one seed. Each of its processes
     counts its settings parses and config builds into `process_counts(default_run)`."""
     folder = tmp_path_factory.mktemp("default")
-    counting = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(COUNTING_DIR), os.environ.get("PYTHONPATH")])),
-        COUNTS_ENV: str(folder / "process_counts.txt"),
-    }
-    result = launch(folder / "run", *TINY, "training.steps=10", env=counting)
+    result = launch(folder / "run", *TINY, "training.steps=10", env=counting(folder / "run"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (folder / "console.txt").write_text(result.stdout + result.stderr)  # what a user saw: `console(default_run)`
     return folder / "run"
@@ -176,6 +172,14 @@ def default_run(tmp_path_factory, assets) -> Path:
 
 COUNTING_DIR = REPO / "tests" / "process_counts"  # its sitecustomize.py counts in every process of a launch
 COUNTS_ENV = "QWEN3_NEURON_TEST_COUNTS"
+
+
+def counting(run_dir: Path) -> dict:
+    """The environment that makes each process of a launch into `run_dir` count for `process_counts`."""
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(COUNTING_DIR), os.environ.get("PYTHONPATH")])),
+        COUNTS_ENV: str(run_dir.parent / "process_counts.txt"),
+    }
 
 
 def console(run_dir: Path) -> list[str]:
@@ -197,9 +201,11 @@ def lora_run(tmp_path_factory, assets) -> Path:
 
 @pytest.fixture(scope="session")
 def hf_lora_run(tmp_path_factory, assets) -> Path:
-    """LORA (above) on model=hf, the Transformers backend, from the same tiny HF dir: 2 CPU ranks."""
+    """LORA (above) on model=hf, the Transformers backend, from the same tiny HF dir: 2 CPU ranks;
+    each process counts into `process_counts(hf_lora_run)`."""
     hf = ("model=hf", f"model.hf_model={assets.tiny_qwen3_dir}")
-    return trained(tmp_path_factory.mktemp("hf-lora") / "run", *LORA, *hf)
+    run_dir = tmp_path_factory.mktemp("hf-lora") / "run"
+    return trained(run_dir, *LORA, *hf, env=counting(run_dir))
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LORA_DROPOUT, compose_config, compose_job, launch, plan_of, read_jsonl
+from conftest import LORA_DROPOUT, compose_config, compose_job, launch, plan_of, process_counts, read_jsonl
 from test_resume import as_of_checkpoint
 from transformers import AutoTokenizer
 
@@ -33,6 +33,18 @@ RANK, ALPHA = 8, 16.0
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 # backend -> (its run, whether q/k/v is one fused projection with one A)
 BACKENDS = {"native": ("lora_run", True), "hf": ("hf_lora_run", False)}
+
+
+def test_a_model_hf_launch_reads_the_model_dirs_config_once_per_process(hf_lora_run):
+    """The launcher settles the job (model=hf's dir found, its config.json read: the only
+    `check_settings`); every rank parses the job.yaml it wrote once, reading config.json once,
+    and builds its Trainer.Config once; rank 0 reads it once more at the end, to copy it into the
+    export. (torchtitan's Transformers backend reads it too, through Transformers' AutoConfig.)"""
+    assert process_counts(hf_lora_run) == {
+        "launcher parse": 1, "launcher check": 1, "launcher config.json": 1,
+        "rank0 parse": 1, "rank0 build": 1, "rank0 config.json": 2,
+        "rank1 parse": 1, "rank1 build": 1, "rank1 config.json": 1,
+    }  # fmt: skip
 backends = pytest.mark.parametrize("backend", BACKENDS)
 
 

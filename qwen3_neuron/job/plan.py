@@ -119,7 +119,8 @@ def make_plan(
     reference = settings.data.kind == "preference" or (settings.data.kind == "prompts" and settings.grpo.beta > 0)
     frozen_reference = reference and settings.finetune.method == "full"
     logprobs = settings.data.kind in ("preference", "prompts")  # DPO's and GRPO's loss
-    memory = estimate_memory(config, world_size, device, nproc, model_on_meta, frozen_reference, logprobs)
+    memory = estimate_memory(config, world_size, device, nproc, model_on_meta, frozen_reference, logprobs,
+                             model_dir)
     refusal = None
     try:
         check_fit(memory, config, settings.run.memory_check, warn=warn)

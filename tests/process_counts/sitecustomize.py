@@ -4,11 +4,15 @@ configs built.
 Python imports `sitecustomize` when it starts; a launch whose PYTHONPATH begins with this folder
 (conftest's default_run) loads this in the launcher and in every worker. Each parse
 (`parse_settings` applies the `model` section once), each `check_settings` and each
-`Trainer.Config` built (`build_trainer_config` applies the `training` section once) appends a
-line naming the process to the file $QWEN3_NEURON_TEST_COUNTS: `launcher parse`, `rank1 build`, ...
+`Trainer.Config` built (`build_trainer_config` applies the `training` section once) and each
+read of a `config.json` by the project's code (Python's audit event for every open, counted where
+the first caller outside the standard library is ours; Transformers' own reads, inside
+torchtitan's backend, are not the project's) appends a line naming the process to the file
+$QWEN3_NEURON_TEST_COUNTS: `launcher parse`, `rank1 build`, `rank0 config.json`, ...
 """
 
 import os
+import sys
 
 if os.environ.get("QWEN3_NEURON_TEST_COUNTS"):
     from qwen3_neuron import fields
@@ -36,3 +40,20 @@ if os.environ.get("QWEN3_NEURON_TEST_COUNTS"):
         return checked(*args, **kwargs)
 
     settings.check_settings = counted_check  # before job.job takes it by name
+
+    def counted_open(event, args):
+        if event != "open" or not isinstance(args[0], (str, os.PathLike)):
+            return
+        path, mode, flags = args
+        writes = any(c in mode for c in "wax+") if mode else bool(flags & (os.O_WRONLY | os.O_RDWR))
+        if not os.fspath(path).endswith("/config.json") or writes:
+            return
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(STDLIB) and "site-packages" not in frame.f_code.co_filename:
+            frame = frame.f_back
+        if frame is not None and f"{os.sep}qwen3_neuron{os.sep}" in frame.f_code.co_filename:
+            count("config.json")
+
+    STDLIB = os.path.dirname(os.__file__) + os.sep
+
+    sys.addaudithook(counted_open)

@@ -44,12 +44,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import math
 import os
 import re
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from qwen3_neuron.devices.policy import NEURON_ATTENTION_OVERRIDE, SDPA_FOR_FLEX_OVERRIDE
 from qwen3_neuron.errors import ConfigError
@@ -133,21 +131,23 @@ def estimate_memory(
     model_on_meta,
     frozen_reference: bool = False,
     logprobs: bool = False,
+    model_dir=None,
 ) -> MemoryEstimate:
     """Tensor memory per rank of `config`'s training; `model_on_meta`: `meta_model(config)`;
+    `model_dir`: model=hf's dir as the job read it (its config.json, never read again here);
     `frozen_reference`: DPO (and GRPO with beta > 0) keeps a copy of the starting weights (each rank its shards);
     `logprobs`: the loss is made of per-token log-probabilities (DPO, GRPO), not the SFT loss."""
     from torchtitan.distributed.parallel_dims import ParallelDims
 
     # torchtitan's own degrees (data_parallel_shard_degree=-1 resolved); the plan checked them
     degrees = ParallelDims.from_config(config.parallelism, world_size)
-    shape = _shape(config)
+    shape = _shape(config, model_dir)
     param_bytes = DTYPE_BYTES[config.training.dtype]
     counts = _local_parameter_counts(model_on_meta, degrees)
     parameters = counts.elements * param_bytes
     gradients = counts.trainable_elements * param_bytes  # a frozen (finetune=lora) base has none
     optimizer, notes = _optimizer_bytes(config, counts)
-    notes.append(attention_note(config, device))
+    notes.append(attention_note(config, shape, device))
     activations, recompute = _activation_bytes(config, shape, degrees, device)
     tied = not any(LM_HEAD.search(name) for name in counts.names)  # the lm_head is the embedding's weight
     head_trainable = _trainable(counts, EMBEDDING if tied else LM_HEAD)
@@ -247,7 +247,7 @@ class _Shape:
     moe_hidden: int | None = None
 
 
-def _shape(config) -> _Shape:
+def _shape(config, model_dir) -> _Shape:
     model = config.model_spec.model
     layers = getattr(model, "layers", None)
     if isinstance(layers, list) and layers and hasattr(layers[0], "attention"):
@@ -266,9 +266,8 @@ def _shape(config) -> _Shape:
             top_k=moe.router.top_k if moe is not None else None,
             moe_hidden=moe.routed_experts.inner_experts.hidden_dim if moe is not None else None,
         )
-    hf = json.loads((Path(config.hf_model) / "config.json").read_text(encoding="utf-8"))
-    hf = hf.get("text_config", hf)
-    experts = hf.get("num_experts") or None
+    hf = model_dir.text_config
+    experts = model_dir.num_experts
     return _Shape(
         backend="hf",
         n_layers=hf["num_hidden_layers"],
@@ -482,14 +481,14 @@ def _fsdp_wrapped(s: _Shape, degrees) -> bool:
     return s.backend == "hf" or degrees.dp_shard * degrees.cp > 1
 
 
-def attention_note(config, device: str) -> str:
+def attention_note(config, shape: _Shape, device: str) -> str:
     """Which attention kernel the estimate assumed. On CPU, SDPA on a boolean mask runs torch's
     flash kernel for CPU, which keeps q, k, v, the output, a log-sum-exp and the mask in the
     compute dtype (each layer its own copy), no [batch, heads, seq, seq] probabilities (read off
     its saved tensors, torch 2.13)."""
-    if device == "cpu" and _dense_mask(config, _shape(config), device):
+    if device == "cpu" and _dense_mask(config, shape, device):
         return "attention: SDPA's flash kernel for CPU on a dense mask, the mask kept per layer, no [seq, seq] scores"
-    if _dense_mask(config, _shape(config), device):
+    if _dense_mask(config, shape, device):
         return "attention: SDPA on a dense mask, the mask kept per layer, no [seq, seq] scores"
     return "attention: a fused kernel (flash, memory-efficient or FlexAttention), no [seq, seq] scores kept"
 
