@@ -266,13 +266,66 @@ def test_a_prompt_longer_than_the_plan_read_gets_the_room_seq_len_leaves_it():
 
     from qwen3_neuron.finetune.grpo_step import GRPOStep
 
-    step = GRPOStep.__new__(GRPOStep)
-    step.grpo, step.warpers, step.end_id = SimpleNamespace(max_completion_length=4), [], 9
-    step.tokenizer = SimpleNamespace(eos_id=0)
+    step = _sampler(max_completion_length=4, one_shape=False)
     ids = torch.tensor([[1, 2, 0, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 0, 0]])  # seq_len 8: room 6 and 2
     lengths = step._sample(_Counting(), ids, torch.tensor([2, 6]), torch.Generator().manual_seed(0))
     assert lengths.tolist() == [4, 2]
     assert ids.tolist() == [[1, 2, 7, 7, 7, 7, 0, 0], [1, 2, 3, 4, 5, 6, 7, 7]]
+
+
+def _sampler(max_completion_length: int, one_shape: bool, end_id: int = 9):
+    """A GRPOStep with only what `_sample` reads."""
+    from types import SimpleNamespace
+
+    from qwen3_neuron.finetune.grpo_step import GRPOStep
+
+    step = GRPOStep.__new__(GRPOStep)
+    step.grpo, step.warpers, step.end_id = SimpleNamespace(max_completion_length=max_completion_length), [], end_id
+    step.tokenizer, step.one_shape = SimpleNamespace(eos_id=0), one_shape
+    return step
+
+
+class _HFPolicy(torch.nn.Module):
+    """A transformers Qwen3 answering as a torchtitan model does (`_skip_lm_head`), recording the
+    width of each forward."""
+
+    _skip_lm_head = False
+
+    def __init__(self):
+        super().__init__()
+        from test_logprobs import _tiny_hf_qwen3
+
+        self.hf = _tiny_hf_qwen3(vocab_size=64).eval()
+        self.lm_head, self.widths = self.hf.lm_head, []
+
+    def forward(self, ids):
+        self.widths.append(ids.shape[1])
+        hidden = self.hf.model(input_ids=ids).last_hidden_state
+        return hidden if self._skip_lm_head else self.lm_head(hidden)
+
+
+def test_eager_generation_forwards_a_power_of_two_prefix_and_samples_what_the_whole_buffer_would():
+    """Each new token is one forward of the buffer's first columns: all seq_len of them for a
+    compiled model (one shape), else the shortest power of two holding every row's last token;
+    the causal mask makes the completions the same."""
+    torch.manual_seed(0)
+    policy = _HFPolicy()
+    prompts = torch.randint(1, 64, (3, 80))
+    prompt_lengths = torch.tensor([5, 14, 9])
+    sampled = {}
+    for one_shape in (True, False):
+        ids = prompts.masked_fill(torch.arange(80) >= prompt_lengths.unsqueeze(1), 0)
+        policy.widths = []
+        lengths = _sampler(max_completion_length=20, one_shape=one_shape, end_id=63)._sample(
+            policy, ids, prompt_lengths, torch.Generator().manual_seed(3)
+        )
+        sampled[one_shape] = (ids, lengths, policy.widths)
+    (whole, whole_lengths, whole_widths), (prefix, prefix_lengths, prefix_widths) = sampled[True], sampled[False]
+    assert whole_widths == [80] * 20
+    # the longest prompt's 14 tokens and t sampled ones: 14-16 columns, 17-32, then 33
+    assert prefix_widths == [16] * 3 + [32] * 16 + [64]
+    assert torch.equal(prefix, whole) and torch.equal(prefix_lengths, whole_lengths)
+    assert (prefix[0, 5:25] != 0).any()  # completions were written
 
 
 def test_sampling_follows_grpo_temperature_and_top_p():

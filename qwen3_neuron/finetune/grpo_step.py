@@ -7,10 +7,12 @@ metrics stay torchtitan's. A step:
 1. generation (every `grpo.num_iterations` steps): each rank takes its prompts (a rank's batch of
    local_batch_size x accumulation completions, `num_generations` per prompt) and samples the
    completions from the current policy (LoRA adapters on), a batch of `local_batch_size` at a
-   time, in one static shape [local_batch_size, seq_len]: prompt, completion and padding. No KV
-   cache: each new token is one forward of the whole padded buffer (the causal mask keeps the
-   padding after a row's position out of it), so every rank runs the same forwards whatever its
-   completions (FSDP gathers in step) and a compiled graph sees one shape. Sampling is TRL's
+   time, in a buffer [local_batch_size, seq_len]: prompt, completion and padding. No KV cache:
+   each new token is one forward of the buffer's first columns (the causal mask keeps what
+   follows a row's position out of it): a compiled model (`compile.enable`, Neuron's one compile)
+   always gets all seq_len of them, one shape; an eager one the shortest power of two that holds
+   every row's last token (a few shapes, far fewer positions). Every rank runs the same number
+   of forwards whatever its completions (FSDP gathers in step). Sampling is TRL's
    (temperature, then top-p, Transformers' own logits warpers), seeded by the step and the rank;
    a completion ends at the tokenizer's end-of-turn (<|im_end|>, kept in it) or at
    `max_completion_length` (then counted as clipped);
@@ -92,6 +94,7 @@ class GRPOStep(Stateful):
         source = trainer.dataloader.packed_datasets[0].source
         self.prompt_field = prompt_field(source)
         self.warpers = logits_warpers(grpo.temperature, grpo.top_p)
+        self.one_shape = trainer.config.compile.enable  # a compiled graph sees [B, seq_len] alone
         self._train_step = trainer.train_step
         self._generation: Generation | None = None
         self._steps_on_generation = 0
@@ -282,11 +285,13 @@ class GRPOStep(Stateful):
         # on gets the room seq_len leaves it, and its completion is cut there (counted as clipped)
         room = ids.shape[1] - prompt_lengths
         lengths = room.clamp(max=self.grpo.max_completion_length)
+        full = ids.shape[1]
         for t in range(self.grpo.max_completion_length):
             inside = t < room
+            width = full if self.one_shape else prefix_width(int((prompt_lengths + t).max()), full)
             with hidden_states_out(model) as lm_head:
-                hidden = model(ids)
-            last = hidden[rows, (prompt_lengths + t - 1).clamp(max=ids.shape[1] - 1)]
+                hidden = model(ids[:, :width])
+            last = hidden[rows, (prompt_lengths + t - 1).clamp(max=width - 1)]
             scores = lm_head(last).float()
             for warper in self.warpers:
                 scores = warper(ids, scores)
@@ -364,6 +369,12 @@ def logits_warpers(temperature: float, top_p: float) -> list:
 
     warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
     return warpers + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
+
+
+def prefix_width(needed: int, full: int) -> int:
+    """The columns an eager generation forward takes: the shortest power of two >= `needed`
+    (at least 16), at most `full`; so a completion's tokens run through a few shapes."""
+    return min(full, max(16, 1 << (needed - 1).bit_length()))
 
 
 def completion_labels(ids: torch.Tensor, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor) -> torch.Tensor:
