@@ -56,12 +56,12 @@ def test_the_same_seed_again_and_its_resume_after_kill_9_give_identical_losses(d
         resume = subprocess.Popen([sys.executable, str(REPO / "launch.py"), f"run.resume={run_dir}"],
                                   cwd=REPO, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
         _wait_for(lambda: _lock_owner(run_dir) == resume.pid, resume)
-        # while the resume runs, a second resume and a new run pointed at its dir stop at once
+        # while the resume runs, a second resume and a new run pointed at its dir stop at once: the
+        # refusal comes while the owner still trains (not after waiting for it)
         first_launch = (run_dir / ".hydra" / "overrides.yaml").read_text()
         for second in ([f"run.resume={run_dir}"], [f"hydra.run.dir={run_dir}", "training.steps=3"]):
-            started = time.monotonic()
             refused = launch(None, *second)
-            assert refused.returncode == 2 and time.monotonic() - started < 5
+            assert refused.returncode == 2 and resume.poll() is None
             assert f"Run dir in use: run dir {run_dir} is in use by another launch (pid {resume.pid} on host" in refused.stderr
             assert (run_dir / ".hydra" / "overrides.yaml").read_text() == first_launch  # Hydra's record too
         assert resume.wait(timeout=600) == 0, output.read_text()[-3000:]

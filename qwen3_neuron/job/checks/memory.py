@@ -469,7 +469,10 @@ def _head_bytes(config, s: _Shape, degrees, fsdp: bool, head_trainable: bool, co
         return {"the loss": logits + head * compute}
     reduce = DTYPE_BYTES[config.training.mixed_precision_reduce]
     shards = degrees.dp_shard * degrees.cp
-    reduce_scatter = (2 if shards > 1 else 1) * head * reduce + math.ceil(head / shards) * reduce
+    # the unsharded gradient cast to the reduce dtype: no copy when it is already in it (float32
+    # compute on a CPU without bf16 units; MemTracker at 1 rank: one [vocab, dim] buffer fewer)
+    cast = head * reduce if config.training.mixed_precision_param != config.training.mixed_precision_reduce else 0
+    reduce_scatter = cast + (head * reduce if shards > 1 else 0) + math.ceil(head / shards) * reduce
     return {
         "the loss": logits + head * compute + head * compute + head * reduce,
         REDUCE_SCATTER: head * compute + 2 * head * compute + reduce_scatter,
