@@ -175,9 +175,11 @@ def test_grpo_raises_a_programs_reward_and_the_export_answers_better(tmp_path_fa
 # each generation batch trains two steps; the step-5 checkpoint is taken between the two steps of
 # the third, with two prompts of the dataloader's first batch still in hand on each rank; the KL
 # to the starting weights (finetune=full: a frozen copy); the held-out prompts are sampled and
-# scored at steps 3 and 6
-REUSED = ("experiment=cpu_qwen3_tiny_grpo", "grpo.num_iterations=2", "grpo.beta=0.04", "training.steps=7",
-          "checkpointing=[from_hf,periodic]", "checkpoint.interval=5", "validator.freq=3", "validator.steps=1")  # fmt: skip
+# scored at steps 3 and 6. On torchtitan's own Qwen3 (the learning test above runs model=hf):
+# generation forwards a prefix of the buffer, with positions and the masks built from them.
+REUSED = ("experiment=cpu_qwen3_tiny_grpo", "model=native", "model.flavor=tiny", "model.hf_model=null",
+          "grpo.num_iterations=2", "grpo.beta=0.04", "training.steps=7", "checkpointing=[from_hf,periodic]",
+          "checkpoint.interval=5", "validator.freq=3", "validator.steps=1")  # fmt: skip
 RESUMED_FROM = 5
 
 
@@ -189,7 +191,8 @@ def test_a_resumed_grpo_run_ends_on_the_uninterrupted_runs_rewards_and_losses(tm
     uninterrupted run's, bit for bit, the KL and the held-out prompts' reward too."""
     from test_resume import as_of_checkpoint
 
-    run = trained(tmp_path / "uninterrupted", *REUSED, f"data.val_files={assets.preference_validation_file}")
+    run = trained(tmp_path / "uninterrupted", *REUSED, f"checkpoint.initial_load_path={assets.tiny_qwen3_dir}",
+                  f"data.val_files={assets.preference_validation_file}")  # fmt: skip
     copy = as_of_checkpoint(run, tmp_path / "run", step=RESUMED_FROM)
     result = launch(None, f"run.resume={copy}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -281,7 +284,7 @@ def _sampler(max_completion_length: int, one_shape: bool, end_id: int = 9):
 
     step = GRPOStep.__new__(GRPOStep)
     step.grpo, step.warpers, step.end_id = SimpleNamespace(max_completion_length=max_completion_length), [], end_id
-    step.tokenizer, step.one_shape = SimpleNamespace(eos_id=0), one_shape
+    step.tokenizer, step.one_shape, step.positions = SimpleNamespace(eos_id=0), one_shape, False
     return step
 
 

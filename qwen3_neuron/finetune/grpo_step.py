@@ -10,9 +10,10 @@ metrics stay torchtitan's. A step:
    time, in a buffer [local_batch_size, seq_len]: prompt, completion and padding. No KV cache:
    each new token is one forward of the buffer's first columns (the causal mask keeps what
    follows a row's position out of it): a compiled model (`compile.enable`, Neuron's one compile)
-   always gets all seq_len of them, one shape; an eager one the shortest power of two that holds
-   every row's last token (a few shapes, far fewer positions). Every rank runs the same number
-   of forwards whatever its completions (FSDP gathers in step). Sampling is TRL's
+   and model=hf always get all seq_len of them, one shape; torchtitan's own eager models the
+   shortest power of two that holds every row's last token (a few shapes, far fewer positions).
+   Every rank runs the same number of forwards whatever its completions (FSDP gathers in step).
+   Sampling is TRL's
    (temperature, then top-p, Transformers' own logits warpers), seeded by the step and the rank;
    a completion ends at the tokenizer's end-of-turn (<|im_end|>, kept in it) or at
    `max_completion_length` (then counted as clipped);
@@ -59,6 +60,7 @@ from qwen3_neuron.finetune.grpo import (
 )
 from qwen3_neuron.finetune.logprobs import hidden_states_out, model_token_logps
 from qwen3_neuron.finetune.reward_calls import load_rewards
+from qwen3_neuron.hf_backend import HF_BACKEND_NAME
 
 METRIC_PREFIX = "grpo/"  # the step's GRPO metrics in torchtitan's metrics dict
 VALIDATION_PREFIX = "validation_metrics/"  # torchtitan's, for a validation's
@@ -94,7 +96,13 @@ class GRPOStep(Stateful):
         source = trainer.dataloader.packed_datasets[0].source
         self.prompt_field = prompt_field(source)
         self.warpers = logits_warpers(grpo.temperature, grpo.top_p)
-        self.one_shape = trainer.config.compile.enable  # a compiled graph sees [B, seq_len] alone
+        # a compiled graph sees [B, seq_len] alone; torchtitan's Transformers backend builds its
+        # positions for seq_len whatever the input's length, so it gets the whole buffer too
+        hf_backend = trainer.config.model_spec.name == HF_BACKEND_NAME
+        self.one_shape = trainer.config.compile.enable or hf_backend
+        # torchtitan's own models take positions, from which the trainer builds the masks their
+        # attention needs; the Transformers backend makes its own causal mask
+        self.positions = not hf_backend
         self._train_step = trainer.train_step
         self._generation: Generation | None = None
         self._steps_on_generation = 0
@@ -289,8 +297,9 @@ class GRPOStep(Stateful):
         for t in range(self.grpo.max_completion_length):
             inside = t < room
             width = full if self.one_shape else prefix_width(int((prompt_lengths + t).max()), full)
+            inputs, extra_kwargs = self._model_inputs(ids[:, :width])
             with hidden_states_out(model) as lm_head:
-                hidden = model(ids[:, :width])
+                hidden = model(inputs, **extra_kwargs)
             last = hidden[rows, (prompt_lengths + t - 1).clamp(max=width - 1)]
             scores = lm_head(last).float()
             for warper in self.warpers:
@@ -303,6 +312,19 @@ class GRPOStep(Stateful):
             lengths = torch.where(newly, t + 1, lengths)
             ended |= newly
         return lengths
+
+    def _positions(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """{"positions": 0..S-1 per row} for torchtitan's own models (each row one document), else {}."""
+        if not self.positions:
+            return {}
+        return {"positions": torch.arange(ids.shape[1], device=ids.device).repeat(ids.shape[0], 1)}
+
+    def _model_inputs(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """A forward's inputs as the trainer prepares a batch's (its attention masks, from the positions)."""
+        if not self.positions:
+            return ids, {}
+        inputs, _, extra_kwargs = self.trainer.post_dataloading_process({"input": ids, **self._positions(ids)}, ids)
+        return inputs, extra_kwargs
 
     def _truncated(self, sequences) -> torch.Tensor:
         """Per completion: whether it ran to max_completion_length without an end of turn."""
@@ -317,13 +339,14 @@ class GRPOStep(Stateful):
         for ids, p, n in sequences:
             labels = completion_labels(ids, p, n)
             input_dict = {"input": ids, ADVANTAGES: local_advantages[offset:offset + ids.shape[0]],
-                          OLD_LOGPS: None, REFERENCE_LOGPS: None}  # fmt: skip
+                          OLD_LOGPS: None, REFERENCE_LOGPS: None, **self._positions(ids)}  # fmt: skip
             offset += ids.shape[0]
+            inputs, extra_kwargs = self._model_inputs(ids)
             if self.grpo.num_iterations > 1:
-                input_dict[OLD_LOGPS] = model_token_logps(model, ids, labels, {})
+                input_dict[OLD_LOGPS] = model_token_logps(model, inputs, labels, extra_kwargs)
             if self.grpo.beta:
                 with adapters_off(model) if self.frozen is None else self.frozen.swapped_in():
-                    input_dict[REFERENCE_LOGPS] = model_token_logps(model, ids, labels, {})
+                    input_dict[REFERENCE_LOGPS] = model_token_logps(model, inputs, labels, extra_kwargs)
             microbatches.append((input_dict, labels))
         return microbatches
 
