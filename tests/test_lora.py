@@ -33,6 +33,7 @@ RANK, ALPHA = 8, 16.0
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 # backend -> (its run, whether q/k/v is one fused projection with one A)
 BACKENDS = {"native": ("lora_run", True), "hf": ("hf_lora_run", False)}
+backends = pytest.mark.parametrize("backend", BACKENDS)
 
 
 def test_a_model_hf_launch_reads_the_model_dirs_config_once_per_process(hf_lora_run):
@@ -45,7 +46,6 @@ def test_a_model_hf_launch_reads_the_model_dirs_config_once_per_process(hf_lora_
         "rank0 parse": 1, "rank0 build": 1, "rank0 config.json": 2,
         "rank1 parse": 1, "rank1 build": 1, "rank1 config.json": 1,
     }  # fmt: skip
-backends = pytest.mark.parametrize("backend", BACKENDS)
 
 
 def _run(request, backend: str) -> Path:

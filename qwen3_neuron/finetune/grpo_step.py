@@ -13,8 +13,8 @@ metrics stay torchtitan's. A step:
    and model=hf always get all seq_len of them, one shape; torchtitan's own eager models the
    shortest power of two that holds every row's last token (a few shapes, far fewer positions).
    Every rank runs the same number of forwards whatever its completions (FSDP gathers in step).
-   Sampling is TRL's
-   (temperature, then top-p, Transformers' own logits warpers), seeded by the step and the rank;
+   Sampling is TRL's (temperature, then top-p, Transformers' own logits warpers), seeded by the
+   step and the rank;
    a completion ends at the tokenizer's end-of-turn (<|im_end|>, kept in it) or at
    `max_completion_length` (then counted as clipped);
 2. rewards on each rank (`finetune.reward_calls`), gathered over the data-parallel ranks: advantages
@@ -294,12 +294,14 @@ class GRPOStep(Stateful):
         room = ids.shape[1] - prompt_lengths
         lengths = room.clamp(max=self.grpo.max_completion_length)
         full = ids.shape[1]
+        prepared = {}  # width -> the forward's positions and masks: they depend on the shape alone
         for t in range(self.grpo.max_completion_length):
             inside = t < room
             width = full if self.one_shape else prefix_width(int((prompt_lengths + t).max()), full)
-            inputs, extra_kwargs = self._model_inputs(ids[:, :width])
+            if width not in prepared:
+                prepared[width] = self._model_inputs(ids[:, :width], self._positions(ids[:, :width]))[1]
             with hidden_states_out(model) as lm_head:
-                hidden = model(inputs, **extra_kwargs)
+                hidden = model(ids[:, :width], **prepared[width])
             last = hidden[rows, (prompt_lengths + t - 1).clamp(max=width - 1)]
             scores = lm_head(last).float()
             for warper in self.warpers:
@@ -319,11 +321,12 @@ class GRPOStep(Stateful):
             return {}
         return {"positions": torch.arange(ids.shape[1], device=ids.device).repeat(ids.shape[0], 1)}
 
-    def _model_inputs(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """A forward's inputs as the trainer prepares a batch's (its attention masks, from the positions)."""
-        if not self.positions:
+    def _model_inputs(self, ids: torch.Tensor, positions: dict) -> tuple[torch.Tensor, dict]:
+        """A forward's inputs as the trainer prepares a batch's: `positions` (`_positions`) and the
+        attention masks built from them. The inputs are `ids` themselves (GRPO runs without CP)."""
+        if not positions:
             return ids, {}
-        inputs, _, extra_kwargs = self.trainer.post_dataloading_process({"input": ids, **self._positions(ids)}, ids)
+        inputs, _, extra_kwargs = self.trainer.post_dataloading_process({"input": ids, **positions}, ids)
         return inputs, extra_kwargs
 
     def _truncated(self, sequences) -> torch.Tensor:
@@ -338,10 +341,11 @@ class GRPOStep(Stateful):
         microbatches, offset = [], 0
         for ids, p, n in sequences:
             labels = completion_labels(ids, p, n)
+            positions = self._positions(ids)
             input_dict = {"input": ids, ADVANTAGES: local_advantages[offset:offset + ids.shape[0]],
-                          OLD_LOGPS: None, REFERENCE_LOGPS: None, **self._positions(ids)}  # fmt: skip
+                          OLD_LOGPS: None, REFERENCE_LOGPS: None, **positions}  # fmt: skip
             offset += ids.shape[0]
-            inputs, extra_kwargs = self._model_inputs(ids)
+            inputs, extra_kwargs = self._model_inputs(ids, positions)
             if self.grpo.num_iterations > 1:
                 input_dict[OLD_LOGPS] = model_token_logps(model, inputs, labels, extra_kwargs)
             if self.grpo.beta:
