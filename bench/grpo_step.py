@@ -20,6 +20,7 @@ whole GRPO step / the SFT step, per repeat and of the medians.
 
     .venv/bin/python -m bench.grpo_step                        # from the repo root: 6 runs
     .venv/bin/python -m bench.grpo_step --model native
+    .venv/bin/python -m bench.grpo_step --model hf-real-vocab   # Qwen3's 151,936-token vocabulary
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ import tempfile
 from pathlib import Path
 
 from bench.dpo_vs_sft import cpu_name
+from qwen3_neuron.assets.build import build_real_vocab_model
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ_LEN, BATCH, STEPS = 128, 8, 6
 MODELS = {  # the tiny HF dir's weights, through torchtitan's Transformers backend or into its own Qwen3
     "hf": ("model=hf", "model.hf_model=${assets:tiny_qwen3_dir}", "model.flavor=full"),
     "native": ("model=native", "model.flavor=tiny", "checkpoint.initial_load_path=${assets:tiny_qwen3_dir}"),
+    # the tiny body with Qwen3's 151,936-token vocabulary: the lm_head of every sampled token at full size
+    "hf-real-vocab": ("model=hf", "model.hf_model=${assets:real_vocab_qwen3_dir}", "model.flavor=full"),
 }
 SAME_RUN = (
     "checkpointing=from_hf", "finetune=full", "parallelism=fsdp", "device=cpu", "kernels=none", "run.nproc_per_node=1",
@@ -86,6 +90,8 @@ def main() -> None:
     parser.add_argument("--max_completion_length", type=int, default=32)
     parser.add_argument("--model", choices=tuple(MODELS), default="hf")
     args = parser.parse_args()
+    if args.model == "hf-real-vocab":
+        build_real_vocab_model()
     print(f"CPU: {cpu_name()}; model={args.model}, 1 rank, {BATCH} x {SEQ_LEN} positions trained per step, {STEPS} steps (medians of "
           f"steps 2-{STEPS}); GRPO {args.num_generations} completions per prompt, up to "
           f"{args.max_completion_length} tokens", flush=True)  # fmt: skip
