@@ -19,15 +19,13 @@ export HF_HUB_OFFLINE := 1
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: $(PY) pyproject.toml
-	$(PY) -m pip install --quiet --upgrade pip
-	# torch first, from pip's index (TORCH_PIP_ARGS: another one), then the project with torch
-	# held at that version.
-	# PIP_CONSTRAINT replaces a pip config's constraint file for these two calls only: a
-	# machine-wide cap on torch must not pull the venv back to another version.
+$(VENV)/.installed: $(PY) pyproject.toml scripts/uv_pip.py
+	# uv installs in seconds what pip takes minutes for; scripts/uv_pip.py hands it pip's indexes.
+	# torch first (TORCH_PIP_ARGS: another index), then the project with torch held at that version.
+	$(PY) -m pip install --quiet uv
 	echo "torch==$(TORCH)" > $(VENV)/torch-pin.txt
-	PIP_CONSTRAINT=$(VENV)/torch-pin.txt $(PY) -m pip install --quiet $(TORCH_PIP_ARGS) "torch==$(TORCH)"
-	PIP_CONSTRAINT=$(VENV)/torch-pin.txt $(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) scripts/uv_pip.py install --quiet $(TORCH_PIP_ARGS) -c $(VENV)/torch-pin.txt "torch==$(TORCH)"
+	$(PY) scripts/uv_pip.py install --quiet -c $(VENV)/torch-pin.txt -e ".[dev]"
 	touch $@
 
 setup: $(VENV)/.installed assets
