@@ -21,11 +21,12 @@ $(PY):
 
 $(VENV)/.installed: $(PY) pyproject.toml scripts/uv_pip.py
 	# uv installs in seconds what pip takes minutes for; scripts/uv_pip.py hands it pip's indexes.
+	# --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set, no import would ever cache its .pyc.
 	# torch first (TORCH_PIP_ARGS: another index), then the project with torch held at that version.
 	$(PY) -m pip install --quiet uv
 	echo "torch==$(TORCH)" > $(VENV)/torch-pin.txt
-	$(PY) scripts/uv_pip.py install --quiet $(TORCH_PIP_ARGS) -c $(VENV)/torch-pin.txt "torch==$(TORCH)"
-	$(PY) scripts/uv_pip.py install --quiet -c $(VENV)/torch-pin.txt -e ".[dev]"
+	$(PY) scripts/uv_pip.py install --quiet --compile-bytecode $(TORCH_PIP_ARGS) -c $(VENV)/torch-pin.txt "torch==$(TORCH)"
+	$(PY) scripts/uv_pip.py install --quiet --compile-bytecode -c $(VENV)/torch-pin.txt -e ".[dev]"
 	touch $@
 
 setup: $(VENV)/.installed assets
