@@ -31,7 +31,8 @@ def pip_settings() -> dict[str, str]:
         section, _, option = key.rpartition(".")
         if section in PRECEDENCE:
             found.append((PRECEDENCE[section], option, ast.literal_eval(value)))
-    return {option: value for _, option, value in sorted(found)}
+    # each file's lines in the order pip reads the files, the later winning; then the variables
+    return {option: value for _, option, value in sorted(found, key=lambda entry: entry[0])}
 
 
 def uv_arguments(settings: dict[str, str]) -> list[str]:
