@@ -252,15 +252,13 @@ EVAL_CHAT_ANSWER = ("eval=lm_eval", "eval.tasks=[tiny_chat_answer]", "eval.apply
 @pytest.fixture(scope="module")
 def chat_sft_run(tmp_path_factory, assets) -> Path:
     """The tiny native Qwen3 fine-tuned on the three shapes (data=mix of chat sources), exported,
-    then scored by lm-eval on the project's own task (held-out questions, the same answer). One
-    rank, 4 x 512 tokens a step: what it shows needs no second rank, which would cost a worker's
-    start-up and the gradient exchange."""
+    then scored by lm-eval on the project's own task (held-out questions, the same answer)."""
     files = write_constant_answer_sets(tmp_path_factory.mktemp("chat-data"))
     sources = (f"[{{files:'{files['tools']}',format:chat,weight:1}},"
                f"{{files:'{files['sharegpt']}',format:chat,messages_field:conversations,weight:2}},"
                f"{{files:'{files['alpaca']}',format:chat,prompt_field:instruction,response_field:output,weight:2}}]")  # fmt: skip
     run = tmp_path_factory.mktemp("chat-sft") / "run"
-    return trained(run, "training.seq_len=512", "training.local_batch_size=4", "run.nproc_per_node=1", "data=mix",
+    return trained(run, "training.seq_len=512", "training.local_batch_size=2", "data=mix",
                    f"data.sources={sources}", "training.steps=40", "optimizer.lr=3e-3", "checkpointing=export_hf",
                    *EVAL_CHAT_ANSWER)  # fmt: skip
 
