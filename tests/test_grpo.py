@@ -265,70 +265,102 @@ class _Counting(torch.nn.Module):
 def test_a_prompt_longer_than_the_plan_read_gets_the_room_seq_len_leaves_it():
     """The plan checks that its first rows leave grpo.max_completion_length in training.seq_len; a
     later prompt that does not is completed up to the end of its sample, not past it."""
-    from types import SimpleNamespace
-
-    from qwen3_neuron.finetune.grpo_step import GRPOStep
-
-    step = _sampler(max_completion_length=4, one_shape=False)
+    step = _sampler(max_completion_length=4, one_shape=True)
     ids = torch.tensor([[1, 2, 0, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 0, 0]])  # seq_len 8: room 6 and 2
     lengths = step._sample(_Counting(), ids, torch.tensor([2, 6]), torch.Generator().manual_seed(0))
     assert lengths.tolist() == [4, 2]
     assert ids.tolist() == [[1, 2, 7, 7, 7, 7, 0, 0], [1, 2, 3, 4, 5, 6, 7, 7]]
 
 
-def _sampler(max_completion_length: int, one_shape: bool, end_id: int = 9):
-    """A GRPOStep with only what `_sample` reads."""
+def _sampler(max_completion_length: int, one_shape: bool, end_id: int = 9, model=None, hf_backend: bool = False):
+    """A GRPOStep with only what `_sample` reads. With torchtitan's own `model`, a whole-buffer
+    forward gets positions and the BlockMask the trainer would build from them; else none (the
+    model's own causal mask)."""
     from types import SimpleNamespace
 
     from qwen3_neuron.finetune.grpo_step import GRPOStep
 
+    def post_dataloading_process(input_dict, labels):
+        return input_dict["input"], labels, {"positions": input_dict["positions"],
+                                             "attention_masks": model.get_attention_masks(input_dict["positions"])}  # fmt: skip
+
     step = GRPOStep.__new__(GRPOStep)
     step.grpo, step.warpers, step.end_id = SimpleNamespace(max_completion_length=max_completion_length), [], end_id
-    step.tokenizer, step.one_shape, step.positions = SimpleNamespace(eos_id=0), one_shape, False
+    step.tokenizer, step.one_shape, step.hf_backend = SimpleNamespace(eos_id=0), one_shape, hf_backend
+    step.positions = model is not None and not hf_backend
+    step.trainer = SimpleNamespace(post_dataloading_process=post_dataloading_process)
     return step
 
 
-class _HFPolicy(torch.nn.Module):
-    """A transformers Qwen3 answering as a torchtitan model does (`_skip_lm_head`), recording the
-    width of each forward."""
+def _tiny_policy(assets, hf_backend: bool, monkeypatch):
+    """The tiny Qwen3 as a CPU worker builds it: torchtitan's Transformers backend (its attention
+    on Transformers' SDPA), or torchtitan's own model with flex attention's masks computed by SDPA
+    (`sdpa_for_flex`), its BlockMasks built without compiling."""
+    from types import SimpleNamespace
 
-    _skip_lm_head = False
+    from test_hf import build_hf_model, build_native_model, hf_trainer_config
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torchtitan.models.common import attention
 
-    def __init__(self):
-        super().__init__()
-        from test_logprobs import _tiny_hf_qwen3
+    from qwen3_neuron.kernels.attention.sdpa import sdpa_for_flex
+    from qwen3_neuron.models.flavors import dense_qwen3
+    from qwen3_neuron.models.tiny import TINY_DENSE
 
-        self.hf = _tiny_hf_qwen3(vocab_size=64).eval()
-        self.lm_head, self.widths = self.hf.lm_head, []
-
-    def forward(self, ids):
-        self.widths.append(ids.shape[1])
-        hidden = self.hf.model(input_ids=ids).last_hidden_state
-        return hidden if self._skip_lm_head else self.lm_head(hidden)
-
-
-def test_eager_generation_forwards_a_power_of_two_prefix_and_samples_what_the_whole_buffer_would():
-    """Each new token is one forward of the buffer's first columns: all seq_len of them for a
-    compiled model (one shape), else the shortest power of two holding every row's last token;
-    the causal mask makes the completions the same."""
     torch.manual_seed(0)
-    policy = _HFPolicy()
-    prompts = torch.randint(1, 64, (3, 80))
-    prompt_lengths = torch.tensor([5, 14, 9])
+    if hf_backend:
+        model = build_hf_model(hf_trainer_config(assets.tiny_qwen3_dir, seq_len=SEQ_LEN))
+        model.model.config._attn_implementation = "sdpa"
+        return model.eval()
+    monkeypatch.setattr(attention, "_compiled_create_block_mask", create_block_mask)
+    config = dense_qwen3(TINY_DENSE, "flex")
+    for layer in config.layers:
+        layer.attention.inner_attention = sdpa_for_flex(layer.attention.inner_attention)
+    return build_native_model(SimpleNamespace(model=config)).eval()
+
+
+SEQ_LEN, COMPLETION = 256, 8
+PROMPT_LENGTHS = [5, 14, 9, SEQ_LEN - 4]  # the last leaves 4 columns: its completion is cut there
+
+
+@pytest.mark.parametrize("hf_backend", [False, True], ids=["native", "hf"])
+def test_cached_generation_has_the_whole_buffers_logits_at_one_token_a_forward(assets, hf_backend, monkeypatch):
+    """Eager generation runs the prompts once, then each sampled token alone on the KV cache; at
+    every step its next-token logits are those of a forward of the whole buffer (a compiled model's
+    way), so it samples the same completions."""
+    model = _tiny_policy(assets, hf_backend, monkeypatch)
+    prompt_lengths = torch.tensor(PROMPT_LENGTHS)
+    generator = torch.Generator().manual_seed(5)
+    prompts = torch.randint(1, 2000, (len(PROMPT_LENGTHS), SEQ_LEN), generator=generator)
+    prompts = prompts.masked_fill(torch.arange(SEQ_LEN) >= prompt_lengths.unsqueeze(1), 0)
+    completions = torch.randint(1, 2000, (len(PROMPT_LENGTHS), COMPLETION), generator=generator)
+    rows = torch.arange(len(PROMPT_LENGTHS))
+    widths = []
+    model.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
+    logits = {}
+    for one_shape in (True, False):
+        step, ids, tokens, logits[one_shape] = _sampler(COMPLETION, one_shape, model=model, hf_backend=hf_backend), prompts.clone(), None, []
+        widths.clear()
+        with torch.no_grad(), step._next_token_logits(model, ids, prompt_lengths) as next_token_logits:
+            for t in range(COMPLETION):
+                logits[one_shape].append(next_token_logits(t, tokens))
+                tokens = completions[:, t]
+                inside = prompt_lengths + t < SEQ_LEN
+                ids[rows[inside], (prompt_lengths + t)[inside]] = tokens[inside]
+        assert widths == ([SEQ_LEN] * COMPLETION if one_shape else [max(PROMPT_LENGTHS)] + [1] * (COMPLETION - 1))
+    whole, cached = torch.stack(logits[True], 1), torch.stack(logits[False], 1)  # [B, t, vocab]
+    for row, length in enumerate(PROMPT_LENGTHS):
+        steps = min(COMPLETION, SEQ_LEN - length + 1)  # the cut row: its logits after seq_len are not used
+        torch.testing.assert_close(cached[row, :steps], whole[row, :steps], atol=2e-5, rtol=1e-4)
+    assert whole.std() > 0.1  # logits that differ between tokens: the model is not degenerate
+
     sampled = {}
     for one_shape in (True, False):
-        ids = prompts.masked_fill(torch.arange(80) >= prompt_lengths.unsqueeze(1), 0)
-        policy.widths = []
-        lengths = _sampler(max_completion_length=20, one_shape=one_shape, end_id=63)._sample(
-            policy, ids, prompt_lengths, torch.Generator().manual_seed(3)
-        )
-        sampled[one_shape] = (ids, lengths, policy.widths)
-    (whole, whole_lengths, whole_widths), (prefix, prefix_lengths, prefix_widths) = sampled[True], sampled[False]
-    assert whole_widths == [80] * 20
-    # the longest prompt's 14 tokens and t sampled ones: 14-16 columns, 17-32, then 33
-    assert prefix_widths == [16] * 3 + [32] * 16 + [64]
-    assert torch.equal(prefix, whole) and torch.equal(prefix_lengths, whole_lengths)
-    assert (prefix[0, 5:25] != 0).any()  # completions were written
+        ids = prompts.clone()
+        lengths = _sampler(COMPLETION, one_shape, end_id=3, model=model, hf_backend=hf_backend)._sample(
+            model, ids, prompt_lengths, torch.Generator().manual_seed(3))  # fmt: skip
+        sampled[one_shape] = (ids, lengths)
+    assert torch.equal(sampled[False][0], sampled[True][0]) and torch.equal(sampled[False][1], sampled[True][1])
+    assert sampled[False][1].tolist()[-1] == 4 and not torch.equal(sampled[False][0], prompts)
 
 
 def test_sampling_follows_grpo_temperature_and_top_p():

@@ -7,11 +7,11 @@ metrics stay torchtitan's. A step:
 1. generation (every `grpo.num_iterations` steps): each rank takes its prompts (a rank's batch of
    local_batch_size x accumulation completions, `num_generations` per prompt) and samples the
    completions from the current policy (LoRA adapters on), a batch of `local_batch_size` at a
-   time, in a buffer [local_batch_size, seq_len]: prompt, completion and padding. No KV cache:
-   each new token is one forward of the buffer's first columns (the causal mask keeps what
-   follows a row's position out of it): a compiled model (`compile.enable`, Neuron's one compile)
-   and model=hf always get all seq_len of them, one shape; torchtitan's own eager models the
-   shortest power of two that holds every row's last token (a few shapes, far fewer positions).
+   time, in a buffer [local_batch_size, seq_len]: prompt, completion and padding. Eager, with a
+   KV cache (`finetune.kv_cache`): one forward of the prompts, then one of each sampled token
+   alone. A compiled model (`compile.enable`, Neuron's one compile) forwards the whole buffer
+   for every new token instead (the causal mask keeps what follows a row's position out of it),
+   one shape.
    Every rank runs the same number of forwards whatever its completions (FSDP gathers in step).
    Sampling is TRL's (temperature, then top-p, Transformers' own logits warpers), seeded by the
    step and the rank;
@@ -37,6 +37,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import spmd_types as spmd
@@ -58,6 +59,7 @@ from qwen3_neuron.finetune.grpo import (
     token_terms,
     total_rewards,
 )
+from qwen3_neuron.finetune.kv_cache import attention_mask, kv_cache
 from qwen3_neuron.finetune.logprobs import hidden_states_out, model_token_logps
 from qwen3_neuron.finetune.reward_calls import load_rewards
 from qwen3_neuron.hf_backend import HF_BACKEND_NAME
@@ -96,13 +98,12 @@ class GRPOStep(Stateful):
         source = trainer.dataloader.packed_datasets[0].source
         self.prompt_field = prompt_field(source)
         self.warpers = logits_warpers(grpo.temperature, grpo.top_p)
-        # a compiled graph sees [B, seq_len] alone; torchtitan's Transformers backend builds its
-        # positions for seq_len whatever the input's length, so it gets the whole buffer too
-        hf_backend = trainer.config.model_spec.name == HF_BACKEND_NAME
-        self.one_shape = trainer.config.compile.enable or hf_backend
+        self.hf_backend = trainer.config.model_spec.name == HF_BACKEND_NAME
+        # a compiled graph sees [B, seq_len] alone: its generation forwards the whole buffer
+        self.one_shape = trainer.config.compile.enable
         # torchtitan's own models take positions, from which the trainer builds the masks their
         # attention needs; the Transformers backend makes its own causal mask
-        self.positions = not hf_backend
+        self.positions = not self.hf_backend
         self._train_step = trainer.train_step
         self._generation: Generation | None = None
         self._steps_on_generation = 0
@@ -293,27 +294,54 @@ class GRPOStep(Stateful):
         # on gets the room seq_len leaves it, and its completion is cut there (counted as clipped)
         room = ids.shape[1] - prompt_lengths
         lengths = room.clamp(max=self.grpo.max_completion_length)
-        full = ids.shape[1]
-        prepared = {}  # width -> the forward's positions and masks: they depend on the shape alone
-        for t in range(self.grpo.max_completion_length):
-            inside = t < room
-            width = full if self.one_shape else prefix_width(int((prompt_lengths + t).max()), full)
-            if width not in prepared:
-                prepared[width] = self._model_inputs(ids[:, :width], self._positions(ids[:, :width]))[1]
-            with hidden_states_out(model) as lm_head:
-                hidden = model(ids[:, :width], **prepared[width])
-            last = hidden[rows, (prompt_lengths + t - 1).clamp(max=width - 1)]
-            scores = lm_head(last).float()
-            for warper in self.warpers:
-                scores = warper(ids, scores)
-            probabilities = torch.softmax(scores, dim=-1).cpu()
-            tokens = torch.multinomial(probabilities, 1, generator=generator).squeeze(1).to(ids.device)
-            tokens = torch.where(ended, self.tokenizer.eos_id or 0, tokens)
-            ids[rows[inside], (prompt_lengths + t)[inside]] = tokens[inside]
-            newly = (tokens == self.end_id) & ~ended & inside
-            lengths = torch.where(newly, t + 1, lengths)
-            ended |= newly
+        tokens = None
+        with self._next_token_logits(model, ids, prompt_lengths) as next_token_logits:
+            for t in range(self.grpo.max_completion_length):
+                scores = next_token_logits(t, tokens)
+                for warper in self.warpers:
+                    scores = warper(ids, scores)
+                probabilities = torch.softmax(scores, dim=-1).cpu()
+                tokens = torch.multinomial(probabilities, 1, generator=generator).squeeze(1).to(ids.device)
+                tokens = torch.where(ended, self.tokenizer.eos_id or 0, tokens)
+                inside = t < room
+                ids[rows[inside], (prompt_lengths + t)[inside]] = tokens[inside]
+                newly = (tokens == self.end_id) & ~ended & inside
+                lengths = torch.where(newly, t + 1, lengths)
+                ended |= newly
         return lengths
+
+    @contextmanager
+    def _next_token_logits(self, model, ids: torch.Tensor, prompt_lengths: torch.Tensor):
+        """`logits(t, tokens)`: float32 [B, vocab] scores of every row's next token once t tokens
+        are sampled, `tokens` [B] the last of them. Eager: the prompts' forward, then one forward
+        of `tokens` alone on the KV cache (`finetune.kv_cache`). Compiled: a forward of the whole
+        buffer (in which `_sample` wrote the tokens) each time, one shape for one compile."""
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        lm_head = model.lm_head
+        if self.one_shape:
+            extra_kwargs = self._model_inputs(ids, self._positions(ids))[1]
+
+            def whole_buffer(t: int, tokens) -> torch.Tensor:
+                with hidden_states_out(model):
+                    hidden = model(ids, **extra_kwargs)
+                return lm_head(hidden[rows, (prompt_lengths + t - 1).clamp(max=ids.shape[1] - 1)]).float()
+
+            yield whole_buffer
+            return
+        width, last_position = int(prompt_lengths.max()), ids.shape[1] - 1
+        with kv_cache(model, self.hf_backend, width + self.grpo.max_completion_length) as forward:
+
+            def cached(t: int, tokens) -> torch.Tensor:
+                if t == 0:
+                    positions = torch.arange(width, device=ids.device).repeat(ids.shape[0], 1)
+                    hidden = forward(ids[:, :width], positions, attention_mask(prompt_lengths, width, 0, width))
+                    return lm_head(hidden[rows, prompt_lengths - 1]).float()
+                # a row past its room (its completion cut at seq_len) goes on at seq_len's last position, unused
+                positions = (prompt_lengths + t - 1).clamp(max=last_position).unsqueeze(1)
+                hidden = forward(tokens.unsqueeze(1), positions, attention_mask(prompt_lengths, width, width + t - 1, 1))
+                return lm_head(hidden[:, 0]).float()
+
+            yield cached
 
     def _positions(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """{"positions": 0..S-1 per row} for torchtitan's own models (each row one document), else {}."""
@@ -396,12 +424,6 @@ def logits_warpers(temperature: float, top_p: float) -> list:
 
     warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
     return warpers + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
-
-
-def prefix_width(needed: int, full: int) -> int:
-    """The columns an eager generation forward takes: the shortest power of two >= `needed`
-    (at least 16), at most `full`; so a completion's tokens run through a few shapes."""
-    return min(full, max(16, 1 << (needed - 1).bit_length()))
 
 
 def completion_labels(ids: torch.Tensor, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor) -> torch.Tensor:
