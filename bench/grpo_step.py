@@ -2,17 +2,17 @@
 trained tokens, same model, on this machine.
 
 Both runs start from the tiny HF Qwen3 dir's weights (model=hf, or `--model native`: torchtitan's
-own Qwen3, whose eager generation forwards a power-of-two prefix of the buffer; checkpointing=from_hf,
-finetune=full) on one rank with the same seq_len and batch, so each step trains local_batch_size x seq_len token
-positions: SFT on the bundled conversations (data=chat), GRPO on the bundled questions
-(data=prompts, `num_generations` completions of up to `max_completion_length` tokens per prompt,
-rewarded by examples/my_rewards.digit_share). The two alternate, `--repeats` times, so drift on a
-shared machine hits both alike. Per run, the median over steps 2..N of metrics.jsonl:
+own Qwen3; both generate on a KV cache, eager; checkpointing=from_hf, finetune=full) on one rank
+with the same seq_len and batch, so each step trains local_batch_size x seq_len token positions: SFT
+on the bundled conversations (data=chat), GRPO on the bundled questions (data=prompts,
+`num_generations` completions of up to `max_completion_length` tokens per prompt, rewarded by
+examples/my_rewards.digit_share). The two alternate, `--repeats` times, so drift on a shared machine
+hits both alike. Per run, the median over steps 2..N of metrics.jsonl:
 
-- GRPO: `generation_seconds` (sampling every completion: each new token one forward of the
-  batch's whole padded buffer), `scoring_seconds` (the reward functions), `training_seconds`
-  (torchtitan's train_step on the completions); generation's tokens/s counts the completion
-  tokens sampled, training's the positions trained (local_batch_size x seq_len);
+- GRPO: `generation_seconds` (sampling every completion: one forward of the prompts, then one
+  forward of each sampled token on the KV cache), `scoring_seconds` (the reward functions),
+  `training_seconds` (torchtitan's train_step on the completions); generation's tokens/s counts the
+  completion tokens sampled, training's the positions trained (local_batch_size x seq_len);
 - SFT: the step's seconds (positions trained / torchtitan's tokens/s).
 
 Ratios: GRPO's training part / the SFT step (what the loss costs beyond cross-entropy) and the

@@ -2,10 +2,11 @@
 
 Each point trains 2 steps through `launch.py` with `run.measure_memory=true`: step 2 runs under
 torch's MemTracker (every live tensor, temporaries included: `step_memory.json`), the plan writes
-its estimate (`memory_estimate.json`), and `summary.json` holds the process's peak RSS. Models:
-the tiny Qwen3 body at Qwen3's real 151,936-token vocabulary (`build_real_vocab_model`, 42 M
-parameters: the logits dominate, as at real sizes) and native 0.6B. Runs: SFT (data=chat), LoRA
-SFT, DPO (data=preference, LoRA and full). Points are interleaved over the repeats; memory is
+its estimate (`memory_estimate.json`), and `summary.json` holds the process's peak RSS. Models: the
+tiny Qwen3 body at Qwen3's real 151,936-token vocabulary (`build_real_vocab_model`, 42 M parameters:
+the logits dominate, as at real sizes) and native 0.6B. Runs: SFT (data=chat), LoRA SFT, DPO
+(data=preference, LoRA and full), GRPO (data=prompts, LoRA and full: the measured step samples its
+completions on the KV cache before it trains). Points are interleaved over the repeats; memory is
 deterministic, RSS is not.
 
     .venv/bin/python -m bench.memory_at_scale                      # the grid that fits 24 GiB, 3 repeats
@@ -26,11 +27,15 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = ("training.steps=2", "lr_scheduler.warmup_steps=1", "metrics.enable_tensorboard=false",
          "run.measure_memory=true", "run.memory_check=off", "validator.enable=false")  # fmt: skip
 
+GRPO = ("grpo.rewards=[examples.my_rewards.digit_share]", "grpo.num_generations=2", "grpo.max_completion_length=64")
 RUNS = {
     "sft": ["data=chat"],
     "lora-sft": ["data=chat", "finetune=lora"],
     "lora-dpo": ["data=preference", "finetune=lora"],
     "full-dpo": ["data=preference"],
+    # GRPO: the tracked step samples 2 completions of up to 64 tokens per prompt first (KV cache)
+    "lora-grpo": ["data=prompts", "finetune=lora", *GRPO],
+    "full-grpo": ["data=prompts", *GRPO],
 }
 # "model run seq_len ranks"; local batch 2 (1 for 0.6B)
 GRID = [f"hf {run} {seq} {ranks}" for seq in (512, 2048) for run in RUNS for ranks in (1, 2)] + [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from pathlib import Path
 
 import pytest
 from conftest import launch, read_jsonl, trained
@@ -438,11 +439,36 @@ def test_grpo_rewards_reach_the_summary_the_end_of_run_lines_and_the_objective(t
 
 def test_the_memory_plan_counts_the_frozen_reference_of_a_full_grpo_run_with_a_kl(tmp_path, assets):
     from conftest import compose_job, plan_of
+    from qwen3_neuron.job.checks.memory import GIB
 
     def memory(*overrides):
         return plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo", *overrides), tmp_path / f"run{len(overrides)}").memory
 
     without, with_kl = memory(), memory("grpo.beta=0.04")
     assert without.reference_gib == 0 and with_kl.reference_gib == with_kl.parameters_gib > 0
-    assert with_kl.per_rank_gib == pytest.approx(without.per_rank_gib + with_kl.parameters_gib)
+    kept_reference_logprobs = with_kl.completions_gib - without.completions_gib  # [seq_len] float32 per completion
+    assert kept_reference_logprobs * GIB == 8 * 64 * 4
+    assert with_kl.per_rank_gib == pytest.approx(without.per_rank_gib + with_kl.parameters_gib + kept_reference_logprobs)
     assert "frozen reference" in with_kl.line()
+
+
+def test_the_memory_plan_counts_the_kv_cache_and_the_generation_batch(tmp_path, assets):
+    from conftest import compose_job, plan_of
+    from qwen3_neuron.job.checks.memory import DTYPE_BYTES, GIB
+
+    def memory(*overrides):
+        return plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo", *overrides), tmp_path / f"run{len(overrides)}")
+
+    plan, compiled = memory(), memory("compile.enable=true")
+    kept = memory("grpo.num_iterations=2", "grpo.beta=0.04", "finetune=lora")
+    text = json.loads((Path(assets.tiny_qwen3_dir) / "config.json").read_text())
+    training = plan.trainer_config.training
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    # keys and values of every layer for the rank's batch of [seq_len] buffers, in the compute dtype
+    cache = (text["num_hidden_layers"] * 2 * training.local_batch_size * training.seq_len
+             * text["num_key_value_heads"] * head_dim * DTYPE_BYTES[training.mixed_precision_param])  # fmt: skip
+    assert (plan.memory.generation_gib - compiled.memory.generation_gib) * GIB == pytest.approx(cache)
+    # each rank's 8 completions of 64 tokens: int64 ids, and float32 old and reference log-probabilities
+    assert plan.memory.completions_gib * GIB == 8 * 64 * 8
+    assert kept.memory.completions_gib * GIB == 8 * 64 * (8 + 2 * 4)
+    assert "generation" in plan.memory.line() and "completions" in plan.memory.line()

@@ -39,7 +39,7 @@ from qwen3_neuron.models.hf.model_dir import (
     open_model_dir,
 )
 from qwen3_neuron.job.checks import layout
-from qwen3_neuron.job.checks.memory import MemoryEstimate, check_fit, estimate_memory, meta_model
+from qwen3_neuron.job.checks.memory import GrpoMemory, MemoryEstimate, check_fit, estimate_memory, meta_model
 from qwen3_neuron.job.checks.static_shapes import check_static_shapes
 from qwen3_neuron.job.trainer_config import build_trainer_config
 
@@ -119,8 +119,13 @@ def make_plan(
     reference = settings.data.kind == "preference" or (settings.data.kind == "prompts" and settings.grpo.beta > 0)
     frozen_reference = reference and settings.finetune.method == "full"
     logprobs = settings.data.kind in ("preference", "prompts")  # DPO's and GRPO's loss
+    grpo = None
+    if settings.data.kind == "prompts":
+        kept = int(settings.grpo.num_iterations > 1) + int(settings.grpo.beta > 0)
+        completions = config.training.local_batch_size * _accumulation_steps(config, world_size)
+        grpo = GrpoMemory(kv_cache=not config.compile.enable, completions=completions, kept_logprobs=kept)
     memory = estimate_memory(config, world_size, device, nproc, model_on_meta, frozen_reference, logprobs,
-                             model_dir)
+                             model_dir, grpo)
     refusal = None
     try:
         check_fit(memory, config, settings.run.memory_check, warn=warn)

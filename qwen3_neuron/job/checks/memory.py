@@ -10,6 +10,10 @@ Trainer.Config.
                early in backward    activations + one block recomputed (activation checkpointing)
                                     + the lm_head's weight gradient
                end of backward      every gradient + the embedding's dense weight gradient in flight
+               GRPO's generation    every gradient (the last step's, freed at the next zero_grad) +
+                                    the KV cache + one block's forward without gradients + the
+                                    next tokens' scores (and the gathered lm_head under FSDP)
+             (+ GRPO's generation batch: the completions' ids and kept log-probabilities, every moment)
 
 At Qwen3's 151,936-token vocabulary the loss is usually the peak: a chunk's logits, their float32
 log-softmax and their gradients (3 to 3.5 [chunk tokens, vocab] float32 copies) beside every
@@ -33,6 +37,14 @@ a chunk of the sequence at a time (torchtitan's ChunkedLossWrapper, finetune/log
   heads and hidden units (and, with sequence parallel, the norms); MoE routes top_k copies of
   each token (balanced routing assumed). Full activation checkpointing keeps each block's input;
   selective keeps the block input plus every other matmul output and the attention outputs.
+
+GRPO's generation (eager) keeps keys and values for [local_batch_size, seq_len] in every layer
+(compute dtype) and runs one block at a time without gradients, counted as one block's saved
+tensors at the same tokens (an upper bound: a forward without gradients frees what backward would
+keep); compiled, each new token is a forward of the whole buffer without a cache. The rank's
+generation batch (local_batch_size x accumulation completions) lives through the step: int64 ids,
+and float32 [seq_len] log-probabilities per completion for the ratio (num_iterations > 1) and the
+reference (beta > 0).
 
 Not in the estimate: FSDP's all-gathered layer and gradient buffers in flight, the optimizer
 step's working buffers, allocator fragmentation, and what a compiler keeps. `run.measure_memory`
@@ -97,6 +109,8 @@ class MemoryEstimate:
     ranks_per_node: int
     notes: list[str] = field(default_factory=list)
     reference_gib: float = 0.0  # finetune=full's DPO / GRPO (beta > 0) reference: a frozen copy of the starting weights
+    generation_gib: float = 0.0  # GRPO: the KV cache and one block's forward while sampling
+    completions_gib: float = 0.0  # GRPO: the rank's generation batch (ids, kept log-probabilities)
 
     @property
     def fits(self) -> bool:
@@ -111,6 +125,8 @@ class MemoryEstimate:
             "lm_head and loss buffers": self.logits_gib,
             "recompute": self.recompute_gib,
             "frozen reference": self.reference_gib,
+            "generation": self.generation_gib,
+            "completions": self.completions_gib,
         }
 
     def line(self) -> str:
@@ -132,11 +148,13 @@ def estimate_memory(
     frozen_reference: bool = False,
     logprobs: bool = False,
     model_dir=None,
+    grpo: GrpoMemory | None = None,
 ) -> MemoryEstimate:
     """Tensor memory per rank of `config`'s training; `model_on_meta`: `meta_model(config)`;
     `model_dir`: model=hf's dir as the job read it (its config.json, never read again here);
     `frozen_reference`: DPO (and GRPO with beta > 0) keeps a copy of the starting weights (each rank its shards);
-    `logprobs`: the loss is made of per-token log-probabilities (DPO, GRPO), not the SFT loss."""
+    `logprobs`: the loss is made of per-token log-probabilities (DPO, GRPO), not the SFT loss;
+    `grpo`: what GRPO's generation keeps (data=prompts)."""
     from torchtitan.distributed.parallel_dims import ParallelDims
 
     # torchtitan's own degrees (data_parallel_shard_degree=-1 resolved); the plan checked them
@@ -165,6 +183,11 @@ def estimate_memory(
         # measured: the SFT loss's step still holds the activations then, DPO's (log-probabilities
         # through finetune/logprobs.py, the head's gradient reduced at the end of backward) none
         moments[REDUCE_SCATTER] = (0 if logprobs else activations) + head[REDUCE_SCATTER] + gradients
+    generation = completions = 0
+    if grpo is not None:
+        generation, completions = _grpo_bytes(config, shape, degrees, device, grpo)
+        moments["GRPO's generation"] = gradients + generation
+        moments = {moment: held + completions for moment, held in moments.items()}
     peak_at = max(moments, key=moments.get)
     logits = head.get(peak_at, head["the loss"])
     reference = parameters if frozen_reference else 0  # finetune=lora's reference: the adapters off, no copy
@@ -182,6 +205,8 @@ def estimate_memory(
         ranks_per_node=ranks_per_node,
         notes=notes,
         reference_gib=reference / GIB,
+        generation_gib=generation / GIB,
+        completions_gib=completions / GIB,
     )
 
 
@@ -357,6 +382,34 @@ def _optimizer_bytes(config, counts: _LocalCounts) -> tuple[int, list[str]]:
             states += 1
         total += states * local * state_bytes + FLOAT32  # + the step scalar (a float32 tensor)
     return total, notes
+
+
+# ---- GRPO's generation ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GrpoMemory:
+    kv_cache: bool  # eager generation; compiled forwards the whole buffer, no cache
+    completions: int  # the rank's generation batch: local_batch_size x gradient accumulation
+    kept_logprobs: int  # [seq_len] float32 log-probabilities kept per completion: old (num_iterations > 1), reference (beta > 0)
+
+
+def _grpo_bytes(config, s: _Shape, degrees, device: str, grpo: GrpoMemory) -> tuple[int, int]:
+    """(the KV cache and one block's forward while sampling, the generation batch)."""
+    training = config.training
+    compute = DTYPE_BYTES[training.mixed_precision_param]
+    batch, seq = training.local_batch_size, training.seq_len
+    tokens = batch * seq
+    layers = math.ceil(s.n_layers / degrees.pp)
+    kv_heads = s.n_kv_heads // degrees.tp
+    cache = layers * 2 * tokens * kv_heads * s.head_dim * compute if grpo.kv_cache else 0
+    sp = degrees.tp if config.parallelism.enable_sequence_parallel else 1
+    block = _layer_bytes(s, tokens, batch, seq, compute, degrees.tp, sp, _dense_mask(config, s, device))
+    # the next tokens' float32 scores, warped, and their probabilities; FSDP gathers the lm_head
+    vocab = math.ceil(s.vocab / degrees.tp)
+    head = 3 * batch * vocab * FLOAT32 + (vocab * s.dim * compute if _fsdp_wrapped(s, degrees) else 0)
+    completions = grpo.completions * seq * (INT64 + grpo.kept_logprobs * FLOAT32)
+    return cache + block + head, completions
 
 
 # ---- activations -----------------------------------------------------------------------------
