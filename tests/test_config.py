@@ -199,7 +199,7 @@ def test_dry_run_records_the_run_and_starts_nothing(tmp_path, assets):
     run_dir = tmp_path / "run"
     result = launch(run_dir, "run.dry_run=true", "training.steps=7", timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "torch.distributed.run --standalone --nproc_per_node=2" in result.stdout
+    assert "forked_torchrun --standalone --nproc_per_node=2" in result.stdout
     assert {"job.yaml", "trainer_config.json", "command.sh", "versions.json"} <= {p.name for p in run_dir.iterdir()}
     assert not (run_dir / "train.log").exists() and not (run_dir / "metrics.jsonl").exists()
     assert '"steps": 7' in (run_dir / "trainer_config.json").read_text()
@@ -223,7 +223,7 @@ def test_a_dry_run_shows_a_plan_that_does_not_fit_then_refuses_it(tmp_path, asse
     result = launch(run_dir, "run.dry_run=true", "model.flavor=32B", timeout=300)
     assert result.returncode == 2, result.stderr
     assert "[qwen3-neuron] model: qwen3 32B (model=native)" in result.stdout
-    assert "torch.distributed.run --standalone --nproc_per_node=2" in result.stdout
+    assert "forked_torchrun --standalone --nproc_per_node=2" in result.stdout
     assert result.stdout.splitlines()[-1].startswith("[qwen3-neuron] memory per rank: ")
     assert "Config error: the plan does not fit" in result.stderr
     assert "a launch would stop here" in result.stderr

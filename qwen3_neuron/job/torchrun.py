@@ -59,8 +59,10 @@ def worker_launch(job: Job, run_dir: Path) -> WorkerLaunch:
             )
     if nproc < 1:
         raise ConfigError(f"run.nproc_per_node must be >= 1, got {nproc}.")
+    # CPU: the ranks forked from one process that imported torchtitan (`worker.forked_torchrun`)
+    runner = "qwen3_neuron.worker.forked_torchrun" if device == "cpu" else "torch.distributed.run"
     command = [
-        sys.executable, "-m", "torch.distributed.run", *torchrun_args(settings.run, nproc, run_dir),
+        sys.executable, "-m", runner, *torchrun_args(settings.run, nproc, run_dir),
         "-m", "qwen3_neuron.worker.train", str(run_dir),
     ]  # fmt: skip
     # user kernels importable from where launch.py runs are importable in the workers too

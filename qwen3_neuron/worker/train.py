@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from qwen3_neuron.devices.fixes import install
@@ -146,6 +147,29 @@ def main(run_dir: Path) -> None:
     logger.info("Training finished")
     if exports and int(os.environ.get("RANK", "0")) == 0:
         _export(config, settings, run_dir)
+
+
+def import_training(run_dir: Path) -> None:
+    """What every rank imports before it builds, imported once by the process that forks the ranks
+    (`worker.forked_torchrun`); the device's fixes first, as in `main`."""
+    install(recorded_device(read_job(run_dir)))
+    try:
+        import torchtitan.trainer  # noqa: F401
+
+        from qwen3_neuron.finetune import dpo_step, grpo_step  # noqa: F401
+        from qwen3_neuron.job import trainer_config  # noqa: F401
+    except ImportError:  # the ranks import again, and local rank 0's plan names what is missing
+        pass
+
+
+def forked_rank(run_dir: Path) -> None:
+    """One rank forked by `worker.forked_torchrun`: `main`, its traceback on this rank's stderr as
+    a started worker's would be (the fork's own wrapper keeps it for the agent only)."""
+    try:
+        main(run_dir)
+    except Exception:
+        traceback.print_exc()
+        raise
 
 
 def _export(config, settings, run_dir: Path) -> None:

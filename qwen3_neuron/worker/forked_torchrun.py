@@ -1,0 +1,47 @@
+"""torchrun whose workers are forked from one process that has imported torchtitan (CPU jobs).
+
+    python -m qwen3_neuron.worker.forked_torchrun <torchrun's arguments> -m qwen3_neuron.worker.train <run dir>
+
+On CPU most of a worker's start-up is importing torch and torchtitan: about 8 CPU-seconds per
+rank, every launch, on cores the ranks then share. Here that import happens once: this process
+reads the run dir's job, installs the device's fixes, imports what every rank imports
+(`train.import_training`), then runs torch's own torchrun agent on the same arguments (torchrun's
+parser and `config_from_args`: rendezvous, logs, tee and rank filter, restarts as torchrun has
+them), with the workers forked from here and each running `train.main` (`train.forked_rank`).
+
+Only CPU jobs start this way (`job.torchrun`): a CUDA or Neuron runtime must not be set up before a
+fork, and nothing here promises that importing their stacks does not.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import elastic_launch
+from torch.distributed.run import config_from_args, get_args_parser
+
+from qwen3_neuron.process_exit import exit_without_teardown
+from qwen3_neuron.worker import train
+
+
+def main(argv: list[str]) -> int:
+    args = get_args_parser().parse_args(argv)
+    if args.standalone:  # as torchrun's own `run`: one node, a local c10d store on a free port
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    config, _, _ = config_from_args(args)
+    config.start_method = "fork"
+    (run_dir,) = args.training_script_args
+    train.import_training(Path(run_dir))
+    try:
+        elastic_launch(config, entrypoint=train.forked_rank)(Path(run_dir))
+    except ChildFailedError as failed:  # each rank printed its own traceback; torchrun's report ends it
+        print(f"{type(failed).__name__}: {failed.format_msg()}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    exit_without_teardown(main(sys.argv[1:]))
