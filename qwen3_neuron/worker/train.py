@@ -152,12 +152,16 @@ def main(run_dir: Path) -> None:
 def import_training(run_dir: Path) -> None:
     """What every rank imports before it builds, imported once by the process that forks the ranks
     (`worker.forked_torchrun`); the device's fixes first, as in `main`."""
-    install(recorded_device(read_job(run_dir)))
+    recorded_job = read_job(run_dir)
+    install(recorded_device(recorded_job))
     try:
         import torchtitan.trainer  # noqa: F401
 
         from qwen3_neuron.finetune import dpo_step, grpo_step  # noqa: F401
         from qwen3_neuron.job import trainer_config  # noqa: F401
+
+        if recorded_job["model"]["kind"] == "hf":  # Transformers' model machinery, which every rank builds with
+            import transformers.modeling_utils  # noqa: F401
     except ImportError:  # the ranks import again, and local rank 0's plan names what is missing
         pass
 
