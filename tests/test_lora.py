@@ -40,11 +40,12 @@ def test_a_model_hf_launch_reads_the_model_dirs_config_once_per_process(hf_lora_
     """The launcher settles the job (model=hf's dir found, its config.json read: the only
     `check_settings`); every rank parses the job.yaml it wrote once, reading config.json once,
     and builds its Trainer.Config once; rank 0 reads it once more at the end, to copy it into the
-    export. (torchtitan's Transformers backend reads it too, through Transformers' AutoConfig.)"""
+    export. (torchtitan's Transformers backend reads it too, through Transformers' AutoConfig.)
+    torchtitan is imported once, before the ranks are forked."""
     assert process_counts(hf_lora_run) == {
         "launcher parse": 1, "launcher check": 1, "launcher config.json": 1,
         "rank0 parse": 1, "rank0 build": 1, "rank0 config.json": 2,
-        "rank1 parse": 1, "rank1 build": 1, "rank1 config.json": 1,
+        "rank1 parse": 1, "rank1 build": 1, "rank1 config.json": 1, "torchrun torchtitan import": 1,
     }  # fmt: skip
 
 

@@ -46,11 +46,11 @@ def test_default_run_trains_and_the_loss_falls(default_run):
 def test_each_process_parses_the_job_once_and_each_rank_builds_its_config_once(default_run):
     """The launcher parses, settles and checks the job (the only `check_settings`) and builds
     nothing (no torchtitan); every rank parses the job.yaml the launcher wrote once, local rank 0
-    trains with the config its plan built and checked, rank 1 builds once. No plan request is
-    left (there is none)."""
+    trains with the config its plan built and checked, rank 1 builds once. torchtitan is imported
+    once, by the process that forks the ranks. No plan request is left (there is none)."""
     assert process_counts(default_run) == {
         "launcher parse": 1, "launcher check": 1, "rank0 parse": 1, "rank0 build": 1, "rank1 parse": 1,
-        "rank1 build": 1,
+        "rank1 build": 1, "torchrun torchtitan import": 1,
     }  # fmt: skip
     assert [p.name for p in default_run.glob(".plan_*")] == []
 

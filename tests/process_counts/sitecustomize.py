@@ -8,7 +8,9 @@ Python imports `sitecustomize` when it starts; a launch whose PYTHONPATH begins 
 read of a `config.json` by the project's code (Python's audit event for every open, counted where
 the first caller outside the standard library is ours; Transformers' own reads, inside
 torchtitan's backend, are not the project's) appends a line naming the process to the file
-$QWEN3_NEURON_TEST_COUNTS: `launcher parse`, `rank1 build`, `rank0 config.json`, ...
+$QWEN3_NEURON_TEST_COUNTS: `launcher parse`, `rank1 build`, `rank0 config.json`, ...; so does each
+first import of torchtitan's trainer (`torchrun torchtitan import`: the process that forks a CPU
+job's ranks).
 """
 
 import os
@@ -18,7 +20,8 @@ if os.environ.get("QWEN3_NEURON_TEST_COUNTS"):
     from qwen3_neuron import fields
 
     def count(what):
-        process = f"rank{os.environ['RANK']}" if "RANK" in os.environ else "launcher"
+        process = (f"rank{os.environ['RANK']}" if "RANK" in os.environ
+                   else "torchrun" if "torchrun" in sys.argv[0] else "launcher")  # fmt: skip
         with open(os.environ["QWEN3_NEURON_TEST_COUNTS"], "a") as file:
             file.write(f"{process} {what}\n")
 
@@ -57,3 +60,14 @@ if os.environ.get("QWEN3_NEURON_TEST_COUNTS"):
     STDLIB = os.path.dirname(os.__file__) + os.sep
 
     sys.addaudithook(counted_open)
+
+    class CountedTorchtitanImport:
+        """Asked only while `torchtitan.trainer` is not imported yet: once a process, or never in a
+        rank forked from a process that imported it."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name == "torchtitan.trainer":
+                count("torchtitan import")
+            return None  # the usual finders import it
+
+    sys.meta_path.insert(0, CountedTorchtitanImport())
