@@ -4,8 +4,9 @@ torchrun gets its own process group so that Ctrl-C / SIGTERM reach it through th
 torchrun and its workers end with the launcher however it ends, kill -9 included
 (`parent_death`). The launcher forwards either as SIGTERM, which torchrun passes on to its workers: a worker
 blocked in a collective never sees a KeyboardInterrupt, but SIGTERM ends it at once. torchrun
-starts each worker in a session of its own, so if torchrun has not stopped them within its own
-30 s close timeout plus a margin, the launcher kills torchrun's children as well as torchrun. Worker output always goes to `train.log`; on screen either
+starts each worker in a session of its own (a CPU job's forked ranks stay in torchrun's), so if
+torchrun has not stopped them within its own 30 s close timeout plus a margin, the launcher kills
+torchrun's children as well as torchrun. Worker output always goes to `train.log`; on screen either
 all of it (verbose) or one live progress line fed by rank 0's metrics.jsonl (qwen3_neuron.launch.progress);
 the end of the output is kept for the launcher to explain a failure with (`launch.workers_failed`). A
 train.log that cannot be written (a full disk) stops there; the output is still drained (no
