@@ -307,6 +307,14 @@ def test_bad_input_on_the_command_line_exits_non_zero_and_writes_nothing(
 TOPLEVEL = ("activation_checkpoint, checkpoint, checkpointing, comm, compile, data, dataloader, debug, device, eval, "
             "experiment, finetune, grpo, hf, hf_assets_path, hydra, kernels, loss, lr_scheduler, metrics, model, optimizer, "
             "override, parallelism, preference, profiler, run, tokenizer, training, validator")  # fmt: skip
+# CUDA asked for without a GPU: the sentence depends on the torch build (PyPI's Linux wheels from
+# 2.14 on are CUDA builds, which run on CPU; the CPU wheel cannot use a GPU at all)
+NO_CUDA = (
+    f"this torch ({torch.__version__}) is a CPU-only build. Install a CUDA build, e.g. `pip install torch "
+    "--index-url https://download.pytorch.org/whl/cu128`, on a machine with an NVIDIA GPU."
+    if torch.version.cuda is None else
+    f"torch is built for CUDA {torch.version.cuda} but sees no GPU (check `nvidia-smi` and CUDA_VISIBLE_DEVICES)."
+)  # fmt: skip
 ANSWERS = [
     (["launch.py", "optimizer.lr=fast"], 2, "Config error: Wrong type for 'optimizer.lr': expected float, got str 'fast'."),
     (["launch.py", "optimizer.weight_decay=abc", "run.dry_run=true"], 2,
@@ -318,12 +326,8 @@ ANSWERS = [
                                                           "you mean 'export_hf'? The options of checkpointing: export_hf, from_hf, none, periodic."),
     (["launch.py", "data=chats"], 2, "Config error: data=chats: no such option. Did you mean 'chat'? "
                                      "The options of data: c4, chat, mix, preference, prompts, text, tiny."),
-    (["launch.py", "device=cuda"], 2, "Config error: device.type=cuda: device=cuda is not available: this torch "
-                                      "({torch}) is a CPU-only build. Install a CUDA build, e.g. `pip install torch "
-                                      "--index-url https://download.pytorch.org/whl/cu128`, on a machine with an NVIDIA GPU."),
-    (["-m", "qwen3_neuron.chat", "{tiny_dir}", "--device", "cuda"], 2,
-     "error: --device cuda is not available: this torch ({torch}) is a CPU-only build. Install a CUDA build, e.g. "
-     "`pip install torch --index-url https://download.pytorch.org/whl/cu128`, on a machine with an NVIDIA GPU."),
+    (["launch.py", "device=cuda"], 2, "Config error: device.type=cuda: device=cuda is not available: {no_cuda}"),
+    (["-m", "qwen3_neuron.chat", "{tiny_dir}", "--device", "cuda"], 2, "error: --device cuda is not available: {no_cuda}"),
     # a seq_len that leaves nothing to train: found in the plan's first rows, before torchrun starts
     (["launch.py", "data=chat", "data.overlong=drop", "training.seq_len=32", "run.nproc_per_node=1"], 2,
      "Config error: training.seq_len=32: none of the first 64 rows of {chat_file} keeps a token to train on; the "
@@ -336,7 +340,7 @@ ANSWERS = [
 def test_each_mistake_is_answered_in_one_sentence_without_a_traceback(tmp_path, assets, command, exit_code, first_line):
     if "cuda" in " ".join(command) and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    fill = {"torch": torch.__version__, "tiny_dir": assets.tiny_qwen3_dir, "chat_file": assets.chat_train_file}
+    fill = {"no_cuda": NO_CUDA, "tiny_dir": assets.tiny_qwen3_dir, "chat_file": assets.chat_train_file}
     command = [part.format(**fill) for part in command]
     if command[0] == "launch.py":
         result = launch(tmp_path / "run", *command[1:], timeout=600)
