@@ -23,6 +23,7 @@ import torch
 from conftest import REPO, compose_config, compose_job, launch, launch_of, plan_of, read_jsonl
 
 from qwen3_neuron.devices import policy as devices
+from qwen3_neuron.devices import torch_capabilities
 from qwen3_neuron.devices.torch_capabilities import fsdp_takes_spmd_types, schedules_take_microbatch_lists
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.job.checks.layout import resolve_degrees
@@ -156,6 +157,26 @@ def test_the_plan_says_whether_the_partial_dtensor_workaround_applies(tmp_path, 
     else:
         assert "no partial_dtensor workaround" in note
     assert not any(n.startswith("parallelism.spmd_backend=") for n in plan_for(tmp_path, "parallelism=fsdp").notes)
+
+
+def test_ep_on_cpu_takes_partial_dtensor_on_every_torch(tmp_path, assets, monkeypatch):
+    """spmd_types' EP sends uneven all_to_all chunks, which gloo refuses at step 1 even on a torch
+    whose FSDP takes spmd_types (measured on torch 2.14.1, where TP and CP run with it): on CPU an
+    EP job that sets no backend gets partial_dtensor, and one that asks for spmd_types is refused."""
+    monkeypatch.setattr(torch_capabilities, "fsdp_takes_spmd_types", lambda: True)  # as torch >= 2.14
+    ep = ("model=moe", "parallelism=ep")
+    plan = plan_for(tmp_path, *ep)
+    assert plan.trainer_config.parallelism.spmd_backend == "partial_dtensor"
+    assert "parallelism.spmd_backend=partial_dtensor (expert_parallel_degree): the partial_dtensor workaround, " \
+           "needed here (spmd_types sends EP's tokens as uneven all_to_all chunks, which CPU's gloo refuses)." in plan.notes
+    assert plan_for(tmp_path, "parallelism=tp", "run.nproc_per_node=4").trainer_config.parallelism.spmd_backend == "spmd_types"
+    with pytest.raises(ConfigError) as error:
+        plan_for(tmp_path, *ep, "parallelism.spmd_backend=spmd_types")
+    assert str(error.value) == (
+        "parallelism.spmd_backend=spmd_types with expert_parallel_degree=2 on device=cpu: spmd_types sends EP's "
+        "tokens as uneven all_to_all chunks, which CPU's gloo refuses. Set parallelism.spmd_backend=partial_dtensor "
+        "(DTensor on the model-parallel axes)."
+    )
 
 
 @pytest.mark.skipif(OLD_TORCH_PP, reason=PP_REFUSED)

@@ -5,15 +5,26 @@
 from __future__ import annotations
 
 
-def spmd_backend_for_this_torch(parallelism, model_kind: str) -> str | None:
-    """`partial_dtensor` where torchtitan's default `spmd_types` cannot run TP/CP/EP on this
-    machine's torch (< 2.14) and the model takes it (model=hf accepts spmd_types only: its plan
+def spmd_backend_for_this_torch(parallelism, model_kind: str, device: str) -> str | None:
+    """`partial_dtensor` where torchtitan's default `spmd_types` cannot run TP/CP/EP here
+    (`spmd_types_problem`) and the model takes it (model=hf accepts spmd_types only: its plan
     refuses, naming FSDP/HSDP); None where the default runs. For a user who sets no backend."""
     degrees = (parallelism.tensor_parallel_degree, parallelism.context_parallel_degree,
                parallelism.expert_parallel_degree)  # fmt: skip
-    if model_kind == "hf" or max(degrees) <= 1 or fsdp_takes_spmd_types():
+    if model_kind == "hf" or max(degrees) <= 1 or spmd_types_problem(parallelism, device) is None:
         return None
     return "partial_dtensor"
+
+
+def spmd_types_problem(parallelism, device: str) -> str | None:
+    """Why torchtitan's default `parallelism.spmd_backend=spmd_types` cannot run this layout's
+    TP/CP/EP on `device` with this machine's torch, or None."""
+    if not fsdp_takes_spmd_types():
+        return "this torch's FSDP cannot take spmd_types parameters"
+    if device == "cpu" and parallelism.expert_parallel_degree > 1:
+        # measured on torch 2.14.1: "ProcessGroupGloo::alltoall: invalid tensor size" at step 1
+        return "spmd_types sends EP's tokens as uneven all_to_all chunks, which CPU's gloo refuses"
+    return None
 
 
 def schedules_take_microbatch_lists() -> bool:

@@ -97,7 +97,7 @@ def make_plan(
     if settings.data.kind == "preference":
         _check_preference(config, settings, world_size)
     rewards = _check_grpo(config, settings, world_size) if settings.data.kind == "prompts" else None
-    replacements, unapplied = _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes)
+    replacements, unapplied = _check_like_the_trainer(config, world_size, settings, device, model_dir, missing, notes)
     static_shapes = None
     if device == "neuron" and config.compile.enable:  # before torchrun: nothing recompiles or fails there
         static_shapes = check_static_shapes(
@@ -281,7 +281,7 @@ def _check_worker_modes(config: Trainer.Config, world_size: int) -> None:
             )
 
 
-def _check_like_the_trainer(config, world_size, settings, model_dir, missing, notes) -> list[str]:
+def _check_like_the_trainer(config, world_size, settings, device, model_dir, missing, notes) -> list[str]:
     """Do to a copy of the config what torchtitan's `Trainer.__init__` does before it builds
     anything, with torchtitan's own code: `ParallelDims` (degrees against the world size; no
     process group, no mesh: those come only with `build_mesh`), the model's
@@ -291,8 +291,8 @@ def _check_like_the_trainer(config, world_size, settings, model_dir, missing, no
     trial = copy.deepcopy(config)
     parallel_dims = layout.resolve_degrees(trial.parallelism, world_size)
     layout.update_model_config(trial, world_size)
-    layout.check_layout(trial, parallel_dims, model_dir, here=not missing)
-    backend_note = None if missing else layout.spmd_backend_note(parallel_dims, trial.parallelism)
+    layout.check_layout(trial, parallel_dims, model_dir, device=device, here=not missing)
+    backend_note = None if missing else layout.spmd_backend_note(parallel_dims, trial.parallelism, device)
     notes.extend([backend_note] if backend_note else [])
     try:
         return _check_overrides(trial, _may_replace_nothing(settings)), []

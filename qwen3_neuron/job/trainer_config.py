@@ -64,8 +64,8 @@ def build_trainer_config(job: Job, run_dir: Path) -> Trainer.Config:
     if param_dtype and "mixed_precision_param" not in (composed.get("training") or {}):
         config.training.mixed_precision_param = param_dtype  # float32 on a CPU that emulates bf16
     if "spmd_backend" not in (composed.get("parallelism") or {}) and devices.unavailable_reason(device) is None:
-        # TP/CP/EP on a torch whose FSDP cannot take torchtitan's default (< 2.14): the workaround
-        spmd = spmd_backend_for_this_torch(config.parallelism, settings.model.kind)
+        # TP/CP/EP where torchtitan's default cannot run them (torch < 2.14; EP on CPU): the workaround
+        spmd = spmd_backend_for_this_torch(config.parallelism, settings.model.kind, device)
         config.parallelism.spmd_backend = spmd or config.parallelism.spmd_backend
     config.dump_folder = str(run_dir)
     config.override.imports = [

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from qwen3_neuron.devices.torch_capabilities import fsdp_takes_spmd_types, schedules_take_microbatch_lists
+from qwen3_neuron.devices.torch_capabilities import schedules_take_microbatch_lists, spmd_types_problem
 from qwen3_neuron.errors import ConfigError
 
 # torch's context parallel needs Q_LEN % (cp x this) == 0 for BlockMask attention
@@ -74,11 +74,11 @@ def update_model_config(config, world_size: int) -> None:
         raise ConfigError(_model_update_message(config, world_size, str(e))) from e
 
 
-def check_layout(config, parallel_dims, model_dir=None, *, here: bool = True) -> None:
+def check_layout(config, parallel_dims, model_dir=None, *, device: str, here: bool = True) -> None:
     """Raise ConfigError where the layout fails a check torchtitan makes only inside a running
     trainer, or not at all. `model_dir`: model=hf's `HFModelDir`. `here`: the workers will run
-    with this machine's torch, so check what it can run too; False for a dry run that plans for
-    a device (and its torch) that is not here."""
+    on `device` with this machine's torch, so check what they can run too; False for a dry run
+    that plans for a device (and its torch) that is not here."""
     shape = model_shape(config, model_dir)
     _check_hf_heads(parallel_dims, shape)
     _check_sequence_split(parallel_dims, shape, config)
@@ -86,7 +86,7 @@ def check_layout(config, parallel_dims, model_dir=None, *, here: bool = True) ->
     _check_expert_parallel(parallel_dims, shape)
     _check_batch(parallel_dims, config.training)
     if here:
-        _check_spmd_backend(parallel_dims, config.parallelism, shape)
+        _check_spmd_backend(parallel_dims, config.parallelism, shape, device)
         _check_pipeline_schedules(parallel_dims)
 
 
@@ -298,25 +298,26 @@ def _check_batch(dims, training) -> None:
         )
 
 
-def spmd_backend_note(dims, parallelism) -> str | None:
+def spmd_backend_note(dims, parallelism, device: str) -> str | None:
     """For the plan's notes: whether the `partial_dtensor` workaround applies to this layout on
-    this machine's torch (None without TP/CP/EP, where the backend does not matter)."""
+    `device` with this machine's torch (None without TP/CP/EP, where the backend does not matter)."""
     model_parallel = [KEYS[name] for name in ("tp", "cp", "ep") if getattr(dims, name) > 1]
     if not model_parallel:
         return None
     backend, used = parallelism.spmd_backend, ", ".join(model_parallel)
-    if fsdp_takes_spmd_types():
+    problem = spmd_types_problem(parallelism, device)
+    if problem is None:
         if backend == "partial_dtensor":
             return (f"parallelism.spmd_backend=partial_dtensor ({used}): not needed with this torch, whose "
                     "FSDP takes spmd_types parameters (torchtitan's default spmd_types works too).")
         return f"parallelism.spmd_backend={backend} ({used}): this torch's FSDP takes it; no partial_dtensor workaround."
-    return (f"parallelism.spmd_backend={backend} ({used}): the partial_dtensor workaround, needed here "
-            "(this torch's FSDP cannot take spmd_types parameters).")
+    return f"parallelism.spmd_backend={backend} ({used}): the partial_dtensor workaround, needed here ({problem})."
 
 
-def _check_spmd_backend(dims, parallelism, shape: ModelShape) -> None:
+def _check_spmd_backend(dims, parallelism, shape: ModelShape, device: str) -> None:
     model_parallel = [name for name in ("tp", "cp", "ep") if getattr(dims, name) > 1]
-    if parallelism.spmd_backend != "spmd_types" or not model_parallel or fsdp_takes_spmd_types():
+    problem = spmd_types_problem(parallelism, device) if model_parallel else None
+    if parallelism.spmd_backend != "spmd_types" or problem is None:
         return
     import torch
 
@@ -325,10 +326,12 @@ def _check_spmd_backend(dims, parallelism, shape: ModelShape) -> None:
         "The Transformers backend (model=hf) accepts only spmd_types: use FSDP/HSDP for it here."
         if shape.hf else "Set parallelism.spmd_backend=partial_dtensor (DTensor on the model-parallel axes)."
     )
-    raise ConfigError(
-        f"parallelism.spmd_backend=spmd_types with {used} needs torch >= 2.14 "
-        f"(FSDP of spmd_types parameters); this torch is {torch.__version__}. {fix}"
-    )
+    if problem.startswith("this torch"):
+        raise ConfigError(
+            f"parallelism.spmd_backend=spmd_types with {used} needs torch >= 2.14 "
+            f"(FSDP of spmd_types parameters); this torch is {torch.__version__}. {fix}"
+        )
+    raise ConfigError(f"parallelism.spmd_backend=spmd_types with {used} on device={device}: {problem}. {fix}")
 
 
 def _check_pipeline_schedules(dims) -> None:
