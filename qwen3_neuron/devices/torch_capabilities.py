@@ -16,11 +16,14 @@ def spmd_backend_for_this_torch(parallelism, model_kind: str, device: str) -> st
     return "partial_dtensor"
 
 
+OLD_FSDP = "this torch's FSDP cannot take spmd_types parameters"
+
+
 def spmd_types_problem(parallelism, device: str) -> str | None:
     """Why torchtitan's default `parallelism.spmd_backend=spmd_types` cannot run this layout's
-    TP/CP/EP on `device` with this machine's torch, or None."""
+    TP/CP/EP on `device` with this machine's torch (`OLD_FSDP`: torch < 2.14), or None."""
     if not fsdp_takes_spmd_types():
-        return "this torch's FSDP cannot take spmd_types parameters"
+        return OLD_FSDP
     if device == "cpu" and parallelism.expert_parallel_degree > 1:
         # measured on torch 2.14.1: "ProcessGroupGloo::alltoall: invalid tensor size" at step 1
         return "spmd_types sends EP's tokens as uneven all_to_all chunks, which CPU's gloo refuses"

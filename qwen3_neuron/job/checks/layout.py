@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from qwen3_neuron.devices.torch_capabilities import schedules_take_microbatch_lists, spmd_types_problem
+from qwen3_neuron.devices.torch_capabilities import OLD_FSDP, schedules_take_microbatch_lists, spmd_types_problem
 from qwen3_neuron.errors import ConfigError
 
 # torch's context parallel needs Q_LEN % (cp x this) == 0 for BlockMask attention
@@ -326,7 +326,7 @@ def _check_spmd_backend(dims, parallelism, shape: ModelShape, device: str) -> No
         "The Transformers backend (model=hf) accepts only spmd_types: use FSDP/HSDP for it here."
         if shape.hf else "Set parallelism.spmd_backend=partial_dtensor (DTensor on the model-parallel axes)."
     )
-    if problem.startswith("this torch"):
+    if problem == OLD_FSDP:
         raise ConfigError(
             f"parallelism.spmd_backend=spmd_types with {used} needs torch >= 2.14 "
             f"(FSDP of spmd_types parameters); this torch is {torch.__version__}. {fix}"
