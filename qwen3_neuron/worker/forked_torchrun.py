@@ -7,7 +7,8 @@ rank, every launch, on cores the ranks then share. Here that import happens once
 reads the run dir's job, installs the device's fixes, imports what every rank imports
 (`train.import_training`), then runs torch's own torchrun agent on the same arguments (torchrun's
 parser and `config_from_args`: rendezvous, logs, tee and rank filter, restarts as torchrun has
-them), with the workers forked from here and each running `train.main` (`train.forked_rank`).
+them), with the workers forked from here and each running `train.main` on the job read here
+(`train.forked_rank`).
 
 Only CPU jobs start this way (`job.torchrun`): a CUDA or Neuron runtime must not be set up before a
 fork, and nothing here promises that importing their stacks does not.
@@ -34,9 +35,9 @@ def main(argv: list[str]) -> int:
     config, _, _ = config_from_args(args)
     config.start_method = "fork"
     (run_dir,) = args.training_script_args
-    train.import_training(Path(run_dir))
+    recorded_job = train.import_training(Path(run_dir))
     try:
-        elastic_launch(config, entrypoint=train.forked_rank)(Path(run_dir))
+        elastic_launch(config, entrypoint=train.forked_rank)(Path(run_dir), recorded_job)
     except ChildFailedError as failed:  # each rank printed its own traceback; torchrun's report ends it
         print(f"{type(failed).__name__}: {failed.format_msg()}", file=sys.stderr, flush=True)
         return 1

@@ -34,10 +34,12 @@ from qwen3_neuron.run_dir import (
 )
 
 
-def main(run_dir: Path) -> None:
+def main(run_dir: Path, recorded_job: dict | None = None) -> None:
+    """`recorded_job`: the run dir's job.yaml as the process that forked this rank read it."""
     die_with_parent(os.getppid())  # torchrun's end (the launcher's end ends torchrun) ends this rank
     handoff = Handoff.from_env()
-    recorded_job = read_job(run_dir)  # the job the launcher settled; this process's one read
+    if recorded_job is None:
+        recorded_job = read_job(run_dir)  # the job the launcher settled; this process's one read
     install(recorded_device(recorded_job))  # before torchtitan copies it
 
     plan = None
@@ -149,9 +151,10 @@ def main(run_dir: Path) -> None:
         _export(config, settings, run_dir)
 
 
-def import_training(run_dir: Path) -> None:
+def import_training(run_dir: Path) -> dict:
     """What every rank imports before it builds, imported once by the process that forks the ranks
-    (`worker.forked_torchrun`); the device's fixes first, as in `main`."""
+    (`worker.forked_torchrun`); the device's fixes first, as in `main`. Returns the job read, for
+    the ranks."""
     recorded_job = read_job(run_dir)
     install(recorded_device(recorded_job))
     try:
@@ -164,13 +167,14 @@ def import_training(run_dir: Path) -> None:
             import transformers.modeling_utils  # noqa: F401
     except ImportError:  # the ranks import again, and local rank 0's plan names what is missing
         pass
+    return recorded_job
 
 
-def forked_rank(run_dir: Path) -> None:
+def forked_rank(run_dir: Path, recorded_job: dict) -> None:
     """One rank forked by `worker.forked_torchrun`: `main`, its traceback on this rank's stderr as
     a started worker's would be (the fork's own wrapper keeps it for the agent only)."""
     try:
-        main(run_dir)
+        main(run_dir, recorded_job)
     except Exception:
         traceback.print_exc()
         raise
