@@ -39,6 +39,12 @@ SESSION_CACHE = Path(os.environ[SESSION_ENV])
 os.environ[ASSETS_ENV_VAR] = str(SESSION_CACHE / "assets")
 os.environ[CACHE_ENV_VAR] = str(SESSION_CACHE / "cache")
 
+# `make test` runs two test processes on the machine's cores: each computes on one thread, and so
+# does every launch it starts (the launcher keeps an exported OMP_NUM_THREADS: job/torchrun.py).
+# Two threads per process would oversubscribe the cores, and on the tiny models one thread is the
+# faster even alone (DEVELOPING.md: the suite's time).
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before anything here imports torch
+
 
 def pytest_unconfigure(config):
     if MADE_HERE:

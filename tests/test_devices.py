@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import compose_job
 from torch.nn.attention.flex_attention import and_masks, create_block_mask
 
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import DeviceUnavailableError
+from qwen3_neuron.job.torchrun import worker_launch
 from qwen3_neuron.worker import torchtitan_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,6 +61,16 @@ def test_neuron_without_torch_neuronx_names_the_aws_index():
     assert "not on PyPI" in str(error.value)
     assert "https://pip.repos.neuron.amazonaws.com" in str(error.value)
     assert "torch_neuronx" not in sys.modules
+
+
+def test_the_workers_keep_an_exported_thread_count_and_command_sh_records_it(tmp_path, monkeypatch):
+    """README: "export OMP_NUM_THREADS=1 (the launcher keeps it)"; unset, a CPU rank gets cores // ranks."""
+    job = compose_job("device=cpu", "run.nproc_per_node=1").settled()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert worker_launch(job, tmp_path).env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    launch = worker_launch(job, tmp_path)
+    assert launch.env["OMP_NUM_THREADS"] == "3" and "OMP_NUM_THREADS=3 " in launch.command_line()
 
 
 def test_the_build_probe_agrees_with_torch_and_a_cpu_job_starts_torchrun_without_importing_torch(tmp_path):
