@@ -61,14 +61,14 @@ SHARED_RUNS = {
 }  # fmt: skip
 # xdist hands units out in collection order: the longest first, so that no long one starts last.
 # The order is the worker time per unit of a full `make test` (its --durations, summed per file;
-# Intel Xeon with AVX512-BF16, 2 cores, other work beside it): parallelism 228 s, default_run 202
-# (resume 129, training 37, memory 36), dpo 187, sweeps 140, hf_integration 140, data_training
-# 123, lora 117, moe_experiment_run 114, bad_inputs 96, chat 90, slurm 63, devices 60, grpo 57,
-# memory_at_scale 44, hf 33, config 32, assets 28, build 28.
-LONGEST_FIRST = ("test_parallelism.py", "default_run", "test_dpo.py", "test_sweeps.py", "test_hf_integration.py",
-                 "test_data_training.py", "test_lora.py", "moe_experiment_run", "test_bad_inputs.py", "test_chat.py",
-                 "test_slurm.py", "test_devices.py", "test_grpo.py", "test_memory_at_scale.py", "test_hf.py",
-                 "test_config.py", "test_assets.py", "test_build.py")  # fmt: skip
+# AMD EPYC, 2 cores): default_run 222 s (resume 135, training 45, memory 42), parallelism 220, dpo
+# 103, lora 94, bad_inputs 93, grpo 89, data_training 88, chat 88, moe_experiment_run 86,
+# hf_integration 85, sweeps 82, devices 45, slurm 43, memory_at_scale 29, assets 26, config 25,
+# build 19.
+LONGEST_FIRST = ("default_run", "test_parallelism.py", "test_dpo.py", "test_lora.py", "test_bad_inputs.py",
+                 "test_grpo.py", "test_data_training.py", "test_chat.py", "moe_experiment_run", "test_hf_integration.py",
+                 "test_sweeps.py", "test_devices.py", "test_slurm.py", "test_memory_at_scale.py", "test_assets.py",
+                 "test_config.py", "test_build.py")  # fmt: skip
 
 
 def _unit(nodeid: str) -> str:
