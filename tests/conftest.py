@@ -41,8 +41,8 @@ os.environ[CACHE_ENV_VAR] = str(SESSION_CACHE / "cache")
 
 # `make test` runs two test processes on the machine's cores: each computes on one thread, and so
 # does every launch it starts (the launcher keeps an exported OMP_NUM_THREADS: job/torchrun.py).
-# Two threads per process would oversubscribe the cores, and on the tiny models one thread is the
-# faster even alone (DEVELOPING.md: the suite's time).
+# A one-rank launch would take a thread per core, and beside the other process's launch its
+# OpenMP threads wait on each other: 10 steps took 31-38 s in place of 4.1-4.5 (DEVELOPING.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before anything here imports torch
 
 
