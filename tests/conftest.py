@@ -40,7 +40,7 @@ os.environ[ASSETS_ENV_VAR] = str(SESSION_CACHE / "assets")
 os.environ[CACHE_ENV_VAR] = str(SESSION_CACHE / "cache")
 
 # `make test` runs two test processes on the machine's cores: each computes on one thread, and so
-# does every launch it starts (the launcher keeps an exported OMP_NUM_THREADS: job/torchrun.py).
+# does every launch it starts (the launcher keeps an exported OMP_NUM_THREADS: devices.worker_env).
 # A one-rank launch would take a thread per core, and beside the other process's launch its
 # OpenMP threads wait on each other: 10 steps took 31-38 s in place of 4.1-4.5 (DEVELOPING.md).
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before anything here imports torch
@@ -66,9 +66,9 @@ SHARED_RUNS = {
 # hf_integration 85, sweeps 82, devices 45, slurm 43, memory_at_scale 29, assets 26, config 25,
 # build 19.
 LONGEST_FIRST = ("default_run", "test_parallelism.py", "test_dpo.py", "test_lora.py", "test_bad_inputs.py",
-                 "test_grpo.py", "test_data_training.py", "test_chat.py", "moe_experiment_run", "test_hf_integration.py",
-                 "test_sweeps.py", "test_devices.py", "test_slurm.py", "test_memory_at_scale.py", "test_assets.py",
-                 "test_config.py", "test_build.py")  # fmt: skip
+                 "test_grpo.py", "test_data_training.py", "test_chat.py", "moe_experiment_run",
+                 "test_hf_integration.py", "test_sweeps.py", "test_devices.py", "test_slurm.py",
+                 "test_memory_at_scale.py", "test_assets.py", "test_config.py", "test_build.py")  # fmt: skip
 
 
 def _unit(nodeid: str) -> str:

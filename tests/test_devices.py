@@ -71,6 +71,8 @@ def test_the_workers_keep_an_exported_thread_count_and_command_sh_records_it(tmp
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     launch = worker_launch(job, tmp_path)
     assert launch.env["OMP_NUM_THREADS"] == "3" and "OMP_NUM_THREADS=3 " in launch.command_line()
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")  # not a default: the rank count assumes LNC=2
+    assert devices.worker_env("neuron") == {"NEURON_LOGICAL_NC_CONFIG": "2"}
 
 
 def test_the_build_probe_agrees_with_torch_and_a_cpu_job_starts_torchrun_without_importing_torch(tmp_path):
@@ -95,7 +97,8 @@ def test_unknown_device_is_rejected_with_the_choices():
         devices.resolve_device("tpu")
 
 
-def test_launch_facts_per_device():
+def test_launch_facts_per_device(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # exported by conftest: a test of the default
     assert devices.default_nproc("cpu") == 2
     assert [devices.dist_backend(d) for d in devices.DEVICE_TYPES] == ["gloo", "nccl", "neuron"]
     cores = len(os.sched_getaffinity(0))

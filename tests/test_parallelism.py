@@ -362,7 +362,7 @@ def losses(run_dir: Path) -> list[float]:
 
 
 def numerics_run(run_dir: Path, experiment: str, start: Path, *overrides: str, threads: int | None = None) -> Path:
-    env = {"OMP_NUM_THREADS": str(threads)} if threads else None  # kept by the launcher (job/torchrun.py)
+    env = {"OMP_NUM_THREADS": str(threads)} if threads else None  # kept by the launcher (devices.worker_env)
     result = launch(run_dir, experiment, *NUMERICS, f"checkpoint.initial_load_path={start}", *overrides, timeout=600,
                     env=env)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -127,13 +127,14 @@ def dist_backend(device_type: str) -> str:
 
 
 def worker_env(device_type: str, nproc: int | None = None) -> dict[str, str]:
-    """Environment variables the launcher adds for the workers: defaults, so a value the user
-    already exported should be kept."""
+    """Environment variables the launcher sets for the workers (command.sh records them)."""
     _check_known(device_type)
     if device_type == "cpu":
-        # torchrun would set 1 thread per rank; split the cores between the ranks instead.
+        # torchrun would set 1 thread per rank; split the cores between the ranks instead, unless
+        # the user exported a thread count (README: one thread for runs compared number for number)
         ranks = nproc or default_nproc("cpu")
-        return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // ranks))}
+        threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // ranks))
+        return {"OMP_NUM_THREADS": threads}
     if device_type == "neuron":
         # Logical NeuronCore = 2 physical cores (Trn2's default, stated so the rank count holds);
         # docs: about-neuron/arch/neuron-features/logical-neuroncore-config.

@@ -65,10 +65,8 @@ def worker_launch(job: Job, run_dir: Path) -> WorkerLaunch:
         sys.executable, "-m", runner, *torchrun_args(settings.run, nproc, run_dir),
         "-m", "qwen3_neuron.worker.train", str(run_dir),
     ]  # fmt: skip
-    defaults = {**devices.worker_env(device, nproc), **devices.compiler_env(device)}
-    exported = {name: os.environ[name] for name in defaults if name in os.environ}  # the user's value wins
     # user kernels importable from where launch.py runs are importable in the workers too
-    env = {**defaults, **exported, "PYTHONPATH": _worker_pythonpath()}
+    env = {**devices.worker_env(device, nproc), **devices.compiler_env(device), "PYTHONPATH": _worker_pythonpath()}
     if device == "neuron":  # settled with the job; recorded in command.sh, even when it was exported
         env[devices.NEFF_CACHE_ENV] = settings.device.cache_dir
     return WorkerLaunch(nproc, command, env)
