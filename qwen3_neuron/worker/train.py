@@ -35,12 +35,13 @@ from qwen3_neuron.run_dir import (
 
 
 def main(run_dir: Path, recorded_job: dict | None = None) -> None:
-    """`recorded_job`: the run dir's job.yaml as the process that forked this rank read it."""
+    """`recorded_job`: the run dir's job.yaml as the process that forked this rank read it, its
+    device's fixes installed there (`import_training`)."""
     die_with_parent(os.getppid())  # torchrun's end (the launcher's end ends torchrun) ends this rank
     handoff = Handoff.from_env()
-    if recorded_job is None:
+    if recorded_job is None:  # a started worker
         recorded_job = read_job(run_dir)  # the job the launcher settled; this process's one read
-    install(recorded_device(recorded_job))  # before torchtitan copies it
+        install(recorded_device(recorded_job))  # before torchtitan copies it
 
     plan = None
     if handoff and os.environ.get("LOCAL_RANK") == "0":
