@@ -92,6 +92,27 @@ def test_the_build_probe_agrees_with_torch_and_a_cpu_job_starts_torchrun_without
     assert result.stdout.split() == ["cpu", "2", "False"]
 
 
+def test_the_forked_launchs_rendezvous_records_name_the_methods_torchs_own_lookup_names():
+    """CPU launches look up the name a rendezvous record carries from the frame, in place of
+    torch's `inspect.stack()` (`worker.forked_torchrun`): the same name at every depth, and the
+    same answer where the stack is too shallow."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import get_method_name
+
+    from qwen3_neuron.worker.forked_torchrun import _calling_method_name
+
+    class Handler:  # as torch's handlers call it: from `_record`, called by the method recorded
+        def _record(self, lookup, depth):
+            return lookup(depth)
+
+        def next_rendezvous(self, lookup, depth):
+            return self._record(lookup, depth)
+
+    for depth in (1, 2, 3, 10_000):
+        assert Handler().next_rendezvous(_calling_method_name, depth) == Handler().next_rendezvous(get_method_name, depth)
+    assert Handler().next_rendezvous(_calling_method_name, 2) == "next_rendezvous"
+    assert Handler().next_rendezvous(_calling_method_name, 10_000) == "no_method_name"
+
+
 def test_unknown_device_is_rejected_with_the_choices():
     with pytest.raises(DeviceUnavailableError, match="auto, cpu, cuda, neuron"):
         devices.resolve_device("tpu")
