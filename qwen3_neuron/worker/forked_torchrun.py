@@ -16,20 +16,27 @@ fork, and nothing here promises that importing their stacks does not.
 
 from __future__ import annotations
 
+import gc
 import sys
 import uuid
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-from torch.distributed.launcher.api import elastic_launch
-from torch.distributed.run import config_from_args, get_args_parser
-
 from qwen3_neuron.process_exit import exit_without_teardown
-from qwen3_neuron.worker import train
 
 
 def main(argv: list[str]) -> int:
+    # Importing torch and torchtitan makes a great many objects and no garbage: the cyclic
+    # collector's passes over them took about a sixth of it (bench/forked_imports.py). They import
+    # with it off, then are frozen out of every collection, here and in the forked ranks (whose
+    # trainer turns automatic collection off itself: torchtitan's `training.gc_freq`).
+    gc.disable()
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    from qwen3_neuron.worker import train
+
     args = get_args_parser().parse_args(argv)
     if args.standalone:  # as torchrun's own `run`: one node, a local c10d store on a free port
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
@@ -37,6 +44,8 @@ def main(argv: list[str]) -> int:
     config.start_method = "fork"
     (run_dir,) = args.training_script_args
     recorded_job = train.import_training(Path(run_dir))
+    gc.freeze()
+    gc.enable()
     dynamic_rendezvous.get_method_name = _calling_method_name
     try:
         elastic_launch(config, entrypoint=train.forked_rank)(Path(run_dir), recorded_job)
@@ -49,8 +58,8 @@ def main(argv: list[str]) -> int:
 def _calling_method_name(depth: int = 2) -> str:
     """The name the rendezvous's event records carry (`dynamic_rendezvous.get_method_name`'s), read
     from the frame: torch's own calls `inspect.stack()` twice per record, which reads every frame's
-    source file and, for each, searches sys.modules - after the import above, about 1.4 CPU-s of
-    every launch."""
+    source file and, for each, searches sys.modules: after the import above, over half a CPU-second
+    for the 9 records of a one-node launch (bench/forked_imports.py)."""
     try:
         return sys._getframe(depth).f_code.co_name
     except ValueError:  # a stack shallower than `depth`, as torch's
