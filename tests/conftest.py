@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import gc
 import json
 import os
 import shutil
@@ -46,7 +47,19 @@ os.environ[CACHE_ENV_VAR] = str(SESSION_CACHE / "cache")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before anything here imports torch
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session):
+    """Collecting imports torch, torchtitan and Transformers: a great many objects and no garbage.
+    They import with Python's cyclic collector off and are then frozen out of its passes, as a CPU
+    launch's forking process does (`worker.forked_torchrun`)."""
+    gc.disable()
+    yield
+    gc.freeze()
+    gc.enable()
+
+
 def pytest_unconfigure(config):
+    gc.unfreeze()  # the interpreter's teardown frees them (else extension modules report them leaked)
     if MADE_HERE:
         shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
