@@ -58,8 +58,8 @@ def main(argv: list[str]) -> int:
 def _calling_method_name(depth: int = 2) -> str:
     """The name the rendezvous's event records carry (`dynamic_rendezvous.get_method_name`'s), read
     from the frame: torch's own calls `inspect.stack()` twice per record, which reads every frame's
-    source file and, for each, searches sys.modules: after the import above, over half a CPU-second
-    for the 9 records of a one-node launch (bench/forked_imports.py)."""
+    source file and, for each, searches sys.modules: after the import above, about half a
+    CPU-second for the 9 records of a one-node launch (bench/forked_imports.py)."""
     try:
         return sys._getframe(depth).f_code.co_name
     except ValueError:  # a stack shallower than `depth`, as torch's
