@@ -44,6 +44,7 @@ def main(argv: list[str]) -> int:
     config.start_method = "fork"
     (run_dir,) = args.training_script_args
     recorded_job = train.import_training(Path(run_dir))
+    gc.collect()  # what importing left unreachable, once: frozen, it would stay in every rank
     gc.freeze()
     gc.enable()
     dynamic_rendezvous.get_method_name = _calling_method_name
