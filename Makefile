@@ -21,12 +21,15 @@ $(PY):
 
 $(VENV)/.installed: $(PY) pyproject.toml scripts/uv_pip.py
 	# uv installs in seconds what pip takes minutes for; scripts/uv_pip.py hands it pip's indexes.
-	# --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set, no import would ever cache its .pyc.
 	# torch first (TORCH_PIP_ARGS: another index), then the project with torch held at that version.
 	$(PY) -m pip install --quiet uv
 	echo "torch==$(TORCH)" > $(VENV)/torch-pin.txt
-	$(PY) scripts/uv_pip.py install --quiet --compile-bytecode $(TORCH_PIP_ARGS) -c $(VENV)/torch-pin.txt "torch==$(TORCH)"
-	$(PY) scripts/uv_pip.py install --quiet --compile-bytecode -c $(VENV)/torch-pin.txt -e ".[dev]"
+	$(PY) scripts/uv_pip.py install --quiet $(TORCH_PIP_ARGS) -c $(VENV)/torch-pin.txt "torch==$(TORCH)"
+	$(PY) scripts/uv_pip.py install --quiet -c $(VENV)/torch-pin.txt -e ".[dev]"
+	# This venv caches each module's bytecode at its first import, also where PYTHONDONTWRITEBYTECODE
+	# is set (which would have every process compile every import again). The suite imports a
+	# quarter of what is installed: compiling it all at install took longer than that quarter.
+	$(PY) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_path('purelib'), 'qwen3_neuron_bytecode.pth').write_text('import sys; sys.dont_write_bytecode = False\\n')"
 	touch $@
 
 setup: $(VENV)/.installed assets
