@@ -35,6 +35,7 @@ import torch.distributed.run
 from qwen3_neuron.worker.train import import_training
 import_training(Path(sys.argv[2]))
 if sys.argv[1] == "off":
+    gc.collect()
     gc.freeze()
     gc.enable()
 usage = resource.getrusage(resource.RUSAGE_SELF)

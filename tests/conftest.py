@@ -49,11 +49,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before anything here imports to
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_collection(session):
-    """Collecting imports torch, torchtitan and Transformers: a great many objects and no garbage.
-    They import with Python's cyclic collector off and are then frozen out of its passes, as a CPU
-    launch's forking process does (`worker.forked_torchrun`)."""
+    """Collecting imports torch, torchtitan and Transformers: a great many objects and little
+    garbage. They import with Python's cyclic collector off and, after one collection, are frozen
+    out of its passes, as a CPU launch's forking process does (`worker.forked_torchrun`)."""
     gc.disable()
     yield
+    gc.collect()
     gc.freeze()
     gc.enable()
 

@@ -25,10 +25,11 @@ from qwen3_neuron.process_exit import exit_without_teardown
 
 
 def main(argv: list[str]) -> int:
-    # Importing torch and torchtitan makes a great many objects and no garbage: the cyclic
-    # collector's passes over them took about a sixth of it (bench/forked_imports.py). They import
-    # with it off, then are frozen out of every collection, here and in the forked ranks (whose
-    # trainer turns automatic collection off itself: torchtitan's `training.gc_freq`).
+    # Importing torch and torchtitan makes a great many objects and little garbage, which the
+    # cyclic collector's passes walk again and again. They import with it off, then, after one
+    # collection, are frozen out of every other, here and in the forked ranks (whose trainer turns
+    # automatic collection off itself: torchtitan's `training.gc_freq`): about a tenth less CPU
+    # than importing with it on (bench/forked_imports.py).
     gc.disable()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
@@ -59,8 +60,8 @@ def main(argv: list[str]) -> int:
 def _calling_method_name(depth: int = 2) -> str:
     """The name the rendezvous's event records carry (`dynamic_rendezvous.get_method_name`'s), read
     from the frame: torch's own calls `inspect.stack()` twice per record, which reads every frame's
-    source file and, for each, searches sys.modules: after the import above, about half a
-    CPU-second for the 9 records of a one-node launch (bench/forked_imports.py)."""
+    source file and, for each, searches sys.modules: after the import above, 0.4 to 1.2
+    CPU-seconds for the 9 records of a one-node launch (bench/forked_imports.py)."""
     try:
         return sys._getframe(depth).f_code.co_name
     except ValueError:  # a stack shallower than `depth`, as torch's
