@@ -80,11 +80,13 @@ def test_without_a_record_the_end_of_train_log_is_shown_unless_it_is_on_screen(t
 
 def test_a_crash_while_planning_shows_its_end_and_keeps_train_log_where_the_message_points(tmp_path, assets):
     """A genuine bug (here: a user's override module that raises on import) is not a config
-    mistake: exit 1, its last frames, and the whole traceback in the train.log it names."""
+    mistake: exit 1, its last frames, and the whole traceback in the train.log it names; nothing
+    of the failed rank is left outside the run dir."""
     (tmp_path / "broken_kernel.py").write_text('raise RuntimeError("this kernel module is broken")\n')
-    run_dir = tmp_path / "run"
+    run_dir, temp = tmp_path / "run", tmp_path / "temp"
+    temp.mkdir()
     result = launch(run_dir, "kernels.overrides=[broken_kernel.factory]", timeout=600,
-                    env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])})  # fmt: skip
+                    env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]), "TMPDIR": str(temp)})  # fmt: skip
     lines = result.stderr.splitlines()
     assert result.returncode == 1, result.stderr[-3000:]
     assert lines[0] == "[qwen3-neuron] the job failed: rank 0 raised RuntimeError: this kernel module is broken"
@@ -92,3 +94,4 @@ def test_a_crash_while_planning_shows_its_end_and_keeps_train_log_where_the_mess
     assert "Traceback" not in result.stdout + result.stderr
     log = (run_dir / "train.log").read_text()
     assert "Traceback (most recent call last)" in log and "ChildFailedError" in log
+    assert list(temp.iterdir()) == []  # nothing of the failed ranks left in the temp dir (outside the run dir)

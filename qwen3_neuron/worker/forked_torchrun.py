@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -49,11 +50,15 @@ def main(argv: list[str]) -> int:
     gc.freeze()
     gc.enable()
     dynamic_rendezvous.get_method_name = _calling_method_name
-    try:
-        elastic_launch(config, entrypoint=train.forked_rank)(Path(run_dir), recorded_job)
-    except ChildFailedError as failed:  # each rank printed its own traceback; torchrun's report ends it
-        print(f"{type(failed).__name__}: {failed.format_msg()}", file=sys.stderr, flush=True)
-        return 1
+    # torch's fork start gives each rank an error file in the temp dir, which it never removes:
+    # here the temp dir is this launch's own, removed once the ranks are done
+    with tempfile.TemporaryDirectory(prefix="qwen3-neuron-ranks-") as launch_temp:
+        tempfile.tempdir = launch_temp
+        try:
+            elastic_launch(config, entrypoint=train.forked_rank)(Path(run_dir), recorded_job)
+        except ChildFailedError as failed:  # each rank printed its own traceback; torchrun's report ends it
+            print(f"{type(failed).__name__}: {failed.format_msg()}", file=sys.stderr, flush=True)
+            return 1
     return 0
 
 
