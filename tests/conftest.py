@@ -27,8 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["HF_HUB_OFFLINE"] = "1"
 project_compose.register()
 
-# What a test session caches - the tiny assets, the measured peak FLOPs - lives under one temporary
-# dir for the session, never in the user's ~/.cache/qwen3_neuron. Set in this process's
+# What a test session caches - the tiny assets, the measured peak FLOPs, the Arrow caches of the
+# data sets tests read in-process - lives under one temporary dir for the session, never in the
+# user's ~/.cache (qwen3_neuron's, or huggingface/datasets). Set in this process's
 # environment, so every launch.py, torchrun worker and peak probe a test starts inherits it, and
 # so do pytest-xdist's test processes (started after this runs in the first one): one dir, and one
 # asset build, for all of them. The process that made the dir removes it.
@@ -39,6 +40,7 @@ if MADE_HERE:
 SESSION_CACHE = Path(os.environ[SESSION_ENV])
 os.environ[ASSETS_ENV_VAR] = str(SESSION_CACHE / "assets")
 os.environ[CACHE_ENV_VAR] = str(SESSION_CACHE / "cache")
+os.environ["HF_DATASETS_CACHE"] = str(SESSION_CACHE / "hf_datasets")  # read when `datasets` is imported: not yet
 
 # `make test` runs two test processes on the machine's cores: each computes on one thread, and so
 # does every launch it starts (the launcher keeps an exported OMP_NUM_THREADS: devices.worker_env).
