@@ -82,7 +82,11 @@ def test_a_crash_while_planning_shows_its_end_and_keeps_train_log_where_the_mess
     """A genuine bug (here: a user's override module that raises on import) is not a config
     mistake: exit 1, its last frames, and the whole traceback in the train.log it names; nothing
     of the failed rank is left outside the run dir."""
-    (tmp_path / "broken_kernel.py").write_text('raise RuntimeError("this kernel module is broken")\n')
+    (tmp_path / "broken_kernel.py").write_text(
+        "import pathlib, tempfile\n"
+        "pathlib.Path(__file__).with_name('rank_temp.txt').write_text(tempfile.gettempdir())\n"
+        'raise RuntimeError("this kernel module is broken")\n'
+    )
     run_dir, temp = tmp_path / "run", tmp_path / "temp"
     temp.mkdir()
     result = launch(run_dir, "kernels.overrides=[broken_kernel.factory]", timeout=600,
@@ -94,4 +98,6 @@ def test_a_crash_while_planning_shows_its_end_and_keeps_train_log_where_the_mess
     assert "Traceback" not in result.stdout + result.stderr
     log = (run_dir / "train.log").read_text()
     assert "Traceback (most recent call last)" in log and "ChildFailedError" in log
-    assert list(temp.iterdir()) == []  # nothing of the failed ranks left in the temp dir (outside the run dir)
+    # nothing of the failed ranks left in the temp dir (outside the run dir), which is the ranks' own too (a
+    # compiled run's caches there outlive the run)
+    assert list(temp.iterdir()) == [] and (tmp_path / "rank_temp.txt").read_text() == str(temp)

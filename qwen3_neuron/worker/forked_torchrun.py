@@ -51,7 +51,8 @@ def main(argv: list[str]) -> int:
     gc.enable()
     dynamic_rendezvous.get_method_name = _calling_method_name
     # torch's fork start gives each rank an error file in the temp dir, which it never removes:
-    # here the temp dir is this launch's own, removed once the ranks are done
+    # here that temp dir is this launch's own, removed once the ranks are done (each rank goes
+    # back to the usual one: `train.forked_rank`)
     with tempfile.TemporaryDirectory(prefix="qwen3-neuron-ranks-") as launch_temp:
         tempfile.tempdir = launch_temp
         try:

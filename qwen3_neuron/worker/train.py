@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -174,6 +175,7 @@ def import_training(run_dir: Path) -> dict:
 def forked_rank(run_dir: Path, recorded_job: dict) -> None:
     """One rank forked by `worker.forked_torchrun`: `main`, its traceback on this rank's stderr as
     a started worker's would be (the fork's own wrapper keeps it for the agent only)."""
+    tempfile.tempdir = None  # the forking process's temp dir holds torch's error files only; the rank's is the usual
     try:
         main(run_dir, recorded_job)
     except Exception:
