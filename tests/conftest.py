@@ -108,6 +108,22 @@ def pytest_xdist_make_scheduler(config, log):
     return ByUnit(config, log)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def flex_attention_without_compiling():
+    """torchtitan runs FlexAttention and builds its BlockMasks through torch.compile: in a test
+    process (which never trains through it: flex has no CPU backward) they run eagerly, the same
+    function, without Inductor building C++ kernels for each new shape (on a machine with none
+    cached yet, 15 CPU-s for the first). The workers build their masks eagerly too
+    (`devices.fixes`), and attend with SDPA."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torchtitan.models.common import attention
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "_compiled_create_block_mask", create_block_mask)
+        patch.setattr(attention.FlexAttention, "_compiled_flex_attn", flex_attention)
+        yield
+
+
 @pytest.fixture(scope="session")
 def assets():
     """Built once per session into the session's asset dir (deterministic: the same every time);

@@ -195,7 +195,6 @@ def _reference_attention(q_BLNH, k_BLNH, v_BLNH, mask_mod, scale):
     return (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v).transpose(1, 2)
 
 
-# each case compiles FlexAttention's kernel on CPU (11-25 s): the two masks, and MHA/GQA, each twice
 @pytest.mark.parametrize(("kind", "n_kv_heads"), [("causal", N), ("causal", 2), ("document", 2)],
                          ids=["causal-mha", "causal-gqa", "document-gqa"])  # fmt: skip
 def test_sdpa_override_matches_flex_attention_forward(kind, n_kv_heads):

@@ -293,15 +293,14 @@ def _sampler(max_completion_length: int, one_shape: bool, end_id: int = 9, model
     return step
 
 
-def _tiny_policy(assets, model_kind: str, monkeypatch):
+def _tiny_policy(assets, model_kind: str):
     """The tiny Qwen3 as a CPU worker builds it: torchtitan's Transformers backend (its attention
     on Transformers' SDPA), or torchtitan's own dense or MoE model with flex attention's masks
-    computed by SDPA (`sdpa_for_flex`), its BlockMasks built without compiling."""
+    computed by SDPA (`sdpa_for_flex`), its BlockMasks built without compiling (as in every test
+    process: conftest.py)."""
     from types import SimpleNamespace
 
     from test_hf import build_hf_model, build_native_model, hf_trainer_config
-    from torch.nn.attention.flex_attention import create_block_mask
-    from torchtitan.models.common import attention
 
     from qwen3_neuron.kernels.attention.sdpa import sdpa_for_flex
     from qwen3_neuron.models.flavors import dense_qwen3, moe_qwen3
@@ -312,7 +311,6 @@ def _tiny_policy(assets, model_kind: str, monkeypatch):
         model = build_hf_model(hf_trainer_config(assets.tiny_qwen3_dir, seq_len=SEQ_LEN))
         model.model.config._attn_implementation = "sdpa"
         return model.eval()
-    monkeypatch.setattr(attention, "_compiled_create_block_mask", create_block_mask)
     config = dense_qwen3(TINY_DENSE, "flex") if model_kind == "native" else moe_qwen3(TINY_MOE, "flex")
     for layer in config.layers:
         layer.attention.inner_attention = sdpa_for_flex(layer.attention.inner_attention)
@@ -327,11 +325,11 @@ TOLERANCE = {"native": 2e-5, "hf": 2e-5, "moe": 1e-3}
 
 
 @pytest.mark.parametrize("model_kind", ["native", "moe", "hf"])
-def test_cached_generation_has_the_whole_buffers_logits_at_one_token_a_forward(assets, model_kind, monkeypatch):
+def test_cached_generation_has_the_whole_buffers_logits_at_one_token_a_forward(assets, model_kind):
     """Eager generation runs the prompts once, then each sampled token alone on the KV cache; at
     every step its next-token logits are those of a forward of the whole buffer (a compiled model's
     way), so it samples the same completions."""
-    model, hf_backend = _tiny_policy(assets, model_kind, monkeypatch), model_kind == "hf"
+    model, hf_backend = _tiny_policy(assets, model_kind), model_kind == "hf"
     prompt_lengths = torch.tensor(PROMPT_LENGTHS)
     generator = torch.Generator().manual_seed(5)
     prompts = torch.randint(1, 2000, (len(PROMPT_LENGTHS), SEQ_LEN), generator=generator)
