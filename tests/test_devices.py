@@ -263,9 +263,11 @@ import torchtitan.experiments.transformers_modeling_backend.model as hf_model
 from qwen3_neuron.kernels.attention.sdpa import dense_mask, hf_sdpa_attention_forward
 from torch.nn.attention.flex_attention import create_block_mask
 from torchtitan.models.common import attention
+from torch.distributed.tensor.experimental._context_parallel import _attention as cp_attention
 causal = attention.create_attention_mask(attention.get_causal_mask_mod(), 1, None, 256, 256, device="cpu")
 print(json.dumps({
     "block_mask_is_eager": attention._compiled_create_block_mask is create_block_mask,
+    "cp_block_mask_is_eager": cp_attention._compiled_create_block_mask is create_block_mask,
     "causal_mask_is_lower_triangular": torch.equal(dense_mask(causal)[0, 0], torch.ones(256, 256).tril().bool()),
     "device_type": utils.device_type,
     "copied_device_type": dist_utils.device_type,
@@ -292,7 +294,7 @@ def test_install_cpu_makes_torchtitan_memory_monitor_report_peak_rss():
     assert report["capacity_gib"] > report["peak_active_gib"]
     assert report["has_set_timeout"]
     assert report["hf_attention_is_sdpa"]
-    assert report["block_mask_is_eager"] and report["causal_mask_is_lower_triangular"]
+    assert report["block_mask_is_eager"] and report["cp_block_mask_is_eager"] and report["causal_mask_is_lower_triangular"]
 
 
 # ---- bare torchtitan, 2 CPU ranks, FSDP on gloo ------------------------------------------------

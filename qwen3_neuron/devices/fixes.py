@@ -265,22 +265,26 @@ def _use_hf_sdpa_attention(model_module: types.ModuleType) -> None:
 # ---- BlockMasks built without torch.compile -------------------------------------------------
 
 _ATTENTION_MODULE = "torchtitan.models.common.attention"
+_CP_ATTENTION_MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"
 
 
 def _build_block_masks_without_compiling() -> None:
-    """torchtitan builds every BlockMask through `torch.compile(create_block_mask)`, which
-    costs each worker seconds of Dynamo tracing before step 1 (and again for each new shape). Where
-    flex_attention cannot train, the SDPA attention (native and HF) only ever evaluates the mask's
-    `mask_mod` densely, so the eager `create_block_mask` gives the same mask without the compile."""
+    """torchtitan builds every BlockMask through `torch.compile(create_block_mask)`, and torch's
+    context parallelism each rank's share of one through its own, which costs each worker seconds
+    of Dynamo tracing before step 1 (and again for each new shape; on a machine with no Inductor
+    cache yet, seconds more of C++ compiling). Where flex_attention cannot train, the SDPA attention
+    (native and HF) only ever evaluates the mask's `mask_mod` densely, so the eager
+    `create_block_mask` gives the same mask without the compile."""
     if _flex_attention_trains_on_cpu():
         return
     _after_import(_ATTENTION_MODULE, _use_eager_create_block_mask)
+    _after_import(_CP_ATTENTION_MODULE, _use_eager_create_block_mask)
 
 
 def _use_eager_create_block_mask(attention_module: types.ModuleType) -> None:
     from torch.nn.attention.flex_attention import create_block_mask
 
-    # `create_attention_mask` looks this global up on every call, whoever imported it by name
+    # looked up on every call (context parallelism compiles it at its first, if still None)
     attention_module._compiled_create_block_mask = create_block_mask
 
 
