@@ -113,7 +113,7 @@ def flex_attention_without_compiling():
     """torchtitan runs FlexAttention and builds its BlockMasks through torch.compile: in a test
     process (which never trains through it: flex has no CPU backward) they run eagerly, the same
     function, without Inductor building C++ kernels for each new shape (on a machine with none
-    cached yet, 15 CPU-s for the first). The workers build their masks eagerly too
+    cached yet, 13 CPU-s for the first). The workers build their masks eagerly too
     (`devices.fixes`), and attend with SDPA."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     from torchtitan.models.common import attention
