@@ -197,6 +197,7 @@ def _reference_attention(q_BLNH, k_BLNH, v_BLNH, mask_mod, scale):
 
 @pytest.mark.parametrize(("kind", "n_kv_heads"), [("causal", N), ("causal", 2), ("document", 2)],
                          ids=["causal-mha", "causal-gqa", "document-gqa"])  # fmt: skip
+@pytest.mark.numerics
 def test_sdpa_override_matches_flex_attention_forward(kind, n_kv_heads):
     from torchtitan.models.common.attention import FlexAttention
 
@@ -215,6 +216,7 @@ def test_sdpa_override_matches_flex_attention_forward(kind, n_kv_heads):
     torch.testing.assert_close(actual, expected, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("n_kv_heads", [N, 2], ids=["mha", "gqa"])
 def test_sdpa_override_gradients_match_plain_attention(n_kv_heads):
     from torchtitan.models.common.attention import FlexAttention

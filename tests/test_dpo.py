@@ -65,6 +65,7 @@ def _trl_trainer(model_dir, ref_model, model, loss_type: str, beta: float, label
 @pytest.mark.parametrize("loss_type, label_smoothing, sft_weight",
                          [("sigmoid", 0.0, 0.0), ("ipo", 0.0, 0.0), ("robust", 0.2, 0.0), ("sigmoid", 0.0, 0.7),
                           ("ipo", 0.0, 0.3)])  # fmt: skip
+@pytest.mark.numerics
 def test_the_dpo_loss_rewards_and_accuracy_are_trls(assets, tmp_path, loss_type, label_smoothing, sft_weight):
     from transformers import AutoModelForCausalLM
 
@@ -422,6 +423,7 @@ def test_pairs_and_chosen_tokens_are_counted_from_the_sequence_ids():
     assert _counts(sequence_ids) == (3, 7)
 
 
+@pytest.mark.numerics
 def test_lora_adapters_off_computes_the_base_models_output_and_then_the_adapted_one_again():
     from torchtitan.models.common.linear import Linear
 
@@ -451,6 +453,7 @@ def test_lora_adapters_off_computes_the_base_models_output_and_then_the_adapted_
 # ---- the project's own rendering and packing against TRL's per-sequence log-probabilities --------
 
 
+@pytest.mark.numerics
 def test_the_projects_sequence_logps_are_trls_without_the_newline_after_the_end_of_turn(assets, tmp_path, tokenizer):
     """The same rows rendered and packed by the project (data=preference) and by TRL 1.16's
     DPOTrainer, scored by the same model: each response's log-probability is TRL's less one token.

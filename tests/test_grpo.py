@@ -87,6 +87,7 @@ def _trl_run(model_dir, tmp_path, *, loss_type, beta, scale_rewards, epsilon_hig
     ("dapo", 0.0, "group", None, False), ("grpo", 0.0, "group", None, True), ("dr_grpo", 0.0, "batch", 0.28, True),
     ("dapo", 0.04, "none", 0.28, True), ("grpo", 0.1, "batch", None, True), ("dr_grpo", 0.04, "group", None, False),
 ])  # fmt: skip
+@pytest.mark.numerics
 def test_advantages_loss_clip_ratio_and_kl_are_trls(assets, tmp_path, loss_type, beta, scale_rewards, epsilon_high,
                                                      reused):
     torch.manual_seed(0)
@@ -328,6 +329,7 @@ PROMPT_LENGTHS = [5, 14, 9, SEQ_LEN - 4]  # the last leaves 4 columns: its compl
 SUM_ROUNDING = 2**-24 * 768  # the dense MLP's intermediate_size: its down projection sums the most terms
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("model_kind", ["native", "moe", "hf"])
 def test_cached_generation_has_the_whole_buffers_logits_at_one_token_a_forward(assets, model_kind):
     """Eager generation runs the prompts once, then each sampled token alone on the KV cache; at

@@ -445,6 +445,7 @@ def test_export_without_an_hf_save_says_why(assets, tmp_path):
     assert export.export_after_training(config, tmp_path) is None  # nothing asked for
 
 
+@pytest.mark.numerics
 def test_native_export_computes_the_same_logits_in_transformers(assets, tmp_path):
     """The native tiny model exported is the same function as the HF model loaded from the export."""
     from transformers import AutoModelForCausalLM

@@ -39,6 +39,7 @@ def _logps_and_grads(model, ids, labels, chunks: int | None):
     return logps.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("chunks", [1, 4, 8])  # 37 positions: 8 chunks leave a short last one
 def test_chunked_log_probs_and_gradients_equal_the_full_ones(chunks):
     model = _tiny_hf_qwen3()

@@ -181,6 +181,7 @@ def test_the_export_is_the_unchanged_base_plus_the_adapter(backend, request, ass
     assert adapted == 7 * TINY_DENSE["num_hidden_layers"]
 
 
+@pytest.mark.numerics
 @pytest.mark.integration
 @backends
 def test_peft_on_the_base_gives_the_trained_models_logits(backend, request, assets, tmp_path):
@@ -207,6 +208,7 @@ def test_peft_on_the_base_gives_the_trained_models_logits(backend, request, asse
     torch.testing.assert_close(peft_logits, titan_logits, rtol=0, atol=1e-4)
 
 
+@pytest.mark.numerics
 @pytest.mark.integration
 @backends
 def test_the_exported_adapter_loads_with_peft_and_equals_the_merged_export(backend, request, assets, capsys):
@@ -326,6 +328,7 @@ def _dropout_layer(dropout: float):
     return layer
 
 
+@pytest.mark.numerics
 def test_lora_dropout_drops_the_adapters_input_only_and_only_while_training():
     layer, x = _dropout_layer(0.5), torch.randn(4, 8)
     base = x @ layer.weight.T

@@ -155,6 +155,7 @@ def test_layout_and_blockwise_need_no_host_sync():
     assert out.shape == (50, 8)
 
 
+@pytest.mark.numerics
 def test_blockwise_compiles_as_one_graph():
     # fullgraph=True fails on any graph break (a host sync, data-dependent Python control).
     compiled = torch.compile(
@@ -182,6 +183,7 @@ def test_blockwise_gradcheck_float64():
     assert torch.autograd.gradcheck(fn, (x, *weights))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("routing", ROUTINGS.values(), ids=ROUTINGS.keys())
 def test_blockwise_matches_loop_reference_fp32(routing):
     counts_list, block_size, extra = routing
@@ -209,6 +211,7 @@ def test_blockwise_matches_loop_reference_fp32(routing):
 # ---------------------------------------------------------------- blockwise vs torchtitan
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("routing", ROUTINGS.values(), ids=ROUTINGS.keys())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_blockwise_module_matches_torchtitan(routing, dtype):
@@ -283,6 +286,7 @@ def tiny_moe_model_config():
     return config
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("top_k", [1, 2, 4])
 def test_moe_layer_parity_including_router_gradients(top_k):
     stock = tiny_moe_model_config()
@@ -404,6 +408,7 @@ def test_nki_config_checks_the_tile_constraints():
 # ---------------------------------------------------------------- the example user kernel
 
 
+@pytest.mark.numerics
 def test_example_user_kernel_matches_torchtitan():
     counts_list, _, _ = ROUTINGS["uneven_with_empty_experts"]
     counts = torch.tensor(counts_list)
@@ -435,6 +440,7 @@ def test_example_user_kernel_through_the_registry():
     )
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_same_moe_layer_step_repeats_bit_for_bit_at_one_and_two_threads(threads):
     """Same weights, same batch: the same output and gradients every time (routing, torchtitan's

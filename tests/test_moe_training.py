@@ -45,6 +45,7 @@ def reference_run(tmp_path_factory, assets):
     return trained(tmp_path_factory.mktemp("moe-none") / "run", EXPERIMENT, "kernels=none")
 
 
+@pytest.mark.numerics
 def test_blockwise_tracks_torchtitans_experts_step_for_step(moe_experiment_run, reference_run):
     run_dir = moe_experiment_run  # kernels=blockwise, kernels.block_size=32
     assert_tracks(losses(run_dir), losses(reference_run))
@@ -55,6 +56,7 @@ def test_blockwise_tracks_torchtitans_experts_step_for_step(moe_experiment_run, 
     assert BLOCKWISE not in summary_of(reference_run)["overrides"]  # the reference ran torchtitan's experts
 
 
+@pytest.mark.numerics
 def test_the_example_user_kernel_trains(tmp_path, reference_run):
     run_dir = trained(tmp_path / "run", EXPERIMENT, "kernels=none", "kernels.overrides=[examples.my_moe.my_experts]")
     assert_tracks(losses(run_dir), losses(reference_run))
@@ -63,6 +65,7 @@ def test_the_example_user_kernel_trains(tmp_path, reference_run):
     )
 
 
+@pytest.mark.numerics
 def test_compiled_blockwise_trains_as_eager_does(tmp_path, moe_experiment_run):
     """compile.enable=true: torchtitan compiles each block (fullgraph) with aot_eager, the graph
     capture and AOT autograd split a Neuron compile goes through, then runs the same aten ops as

@@ -241,6 +241,7 @@ def test_neuron_without_dry_run_is_still_refused(tmp_path, assets):
         plan_for(tmp_path, "device=neuron")
 
 
+@pytest.mark.numerics
 def test_neuron_attention_matches_flex_and_lets_torchtitan_compile_with_the_neuron_backend():
     from torch.nn.attention.flex_attention import create_block_mask
     from torchtitan.distributed.compile import _maybe_regional_inductor_backend
@@ -439,6 +440,7 @@ LAYOUTS = {
 }  # fmt: skip
 
 
+@pytest.mark.numerics
 @pytest.mark.integration
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_each_layout_on_two_ranks_trains_10_steps_like_one_rank(tmp_path, assets, request, layout):
@@ -484,6 +486,7 @@ def untied_start(tmp_path_factory, assets) -> Path:
     return untied
 
 
+@pytest.mark.numerics
 @pytest.mark.integration
 @pytest.mark.skipif(OLD_TORCH_PP, reason=PP_REFUSED)
 def test_pp_on_two_ranks_trains_like_one_rank(tmp_path, assets, dense_one_rank, untied_start):
@@ -505,6 +508,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.numerics
 @pytest.mark.integration
 def test_hsdp_across_two_nodes_forms_one_job_and_trains_10_steps_like_one_rank(tmp_path, assets, dense_one_rank):
     """HSDP 2 x 1 as it is used across nodes: each node's rank holds a whole replica, and the
