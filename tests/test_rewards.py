@@ -79,6 +79,16 @@ def test_the_shipped_rewards():
     assert length_penalty(completion_ids=[[1] * 10, []]) == [-0.01, -0.0]
 
 
+@pytest.mark.parametrize("reply, answer, reward", [
+    ("So the result is -3.", "-3", 1.0), ("So the result is 3.", "-3", 0.0), ("It is -3 degrees.", "3", 0.0),
+    ("It costs 2.5 dollars.", "2.5", 1.0), ("It costs 2.5 dollars.", "25", 0.0), ("It is -0.75", "-0.75", 1.0),
+    ("Total: 1,234", "1234", 1.0), ("First 7, then \\boxed{-12}, not 4", "-12", 1.0), ("\\boxed{ 42 }.", 42, 1.0),
+    ("\\boxed{12} but -12", "-12", 0.0),
+])  # fmt: skip
+def test_exact_answer_reads_signed_decimal_and_boxed_answers(reply, answer, reward):
+    assert exact_answer([reply], [answer]) == [reward]
+
+
 def test_the_columns_a_reward_reads_are_checked_against_the_rows_before_anything_runs():
     def reads_answer(prompts, completions, answer, **kwargs):
         return [1.0 for _ in completions]

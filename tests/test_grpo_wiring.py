@@ -1,0 +1,179 @@
+"""GRPO's step around its formulas (`finetune.grpo_step`): which completions form a group, where a
+completion ends, which tokens train, how the rewards are weighted, how often it generates, and by
+what the loss is divided, on one rank and on two.
+
+The policy is a stand-in whose next token is set by the current one (a table), with a fair coin
+between two tokens after each prompt: some completions end at <|im_end|>, others run to
+`max_completion_length`, and every figure the step reports can be computed by hand from what it
+sampled. Its GRPOStep is the real one, built and installed on a stand-in trainer that runs
+torchtitan's microbatch loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from qwen3_neuron.data.prompts import PROMPT, ROW
+from qwen3_neuron.finetune.grpo_step import ADVANTAGES, OLD_LOGPS, install
+from qwen3_neuron.job.settings import GRPOSettings
+
+END, PAD, VOCAB, SEQ_LEN, MAX_COMPLETION = 9, 0, 16, 8, 4
+# after a prompt's last token, a coin between two tokens; then the table: 2 and 7 end the turn,
+# 3 ends it one token later, 6 repeats itself to max_completion_length (clipped)
+PROMPTS = {"two": ([11, 1], 1, (2, 3)), "seven": ([12, 13, 5], 5, (6, 7))}  # name: ids, last token, coin
+NEXT = {2: END, 3: 4, 4: END, 6: 6, 7: END, END: PAD, PAD: PAD}
+ANSWERS = {"two": "2", "seven": "7"}
+WEIGHTS = [1.0, 0.5]
+CALLS: list[dict] = []  # every call of `first_is_answer`: what the step handed it
+
+
+def first_is_answer(prompts, completions, completion_ids, answer, **kwargs):
+    """1 when the completion's first token is the row's answer: a reward that depends on the prompt."""
+    CALLS.append({"prompts": list(prompts), "completion_ids": [list(ids) for ids in completion_ids]})
+    return [float(text.split()[0] == expected) for text, expected in zip(completions, answer)]
+
+
+def shortness(completion_ids, **kwargs):
+    return [-len(ids) / 4 for ids in completion_ids]
+
+
+class _Chains(torch.nn.Module):
+    """logits[next] = 50 where the table (or the coin) says, -50 elsewhere; hidden states out when asked."""
+
+    _skip_lm_head = False
+
+    def __init__(self):
+        super().__init__()
+        table = torch.full((VOCAB, VOCAB), -50.0)
+        for token, following in NEXT.items():
+            table[token, following] = 50.0
+        for _, last, coin in PROMPTS.values():
+            table[last, list(coin)] = 50.0
+        self.embeddings = torch.nn.Embedding(VOCAB, VOCAB, _weight=table)
+        self.lm_head = torch.nn.Linear(VOCAB, VOCAB, bias=False)
+        torch.nn.init.eye_(self.lm_head.weight)
+
+    def forward(self, ids, **kwargs):
+        hidden = self.embeddings(ids)
+        return hidden if self._skip_lm_head else self.lm_head(hidden)
+
+
+def _prompt_batches(names: list[str]):
+    """The dataloader's batches: each a `local_batch_size` of prompt samples, as data=prompts makes them."""
+    while True:
+        ids = torch.full((len(names), SEQ_LEN), PAD)
+        for row, name in enumerate(names):
+            ids[row, :len(PROMPTS[name][0])] = torch.tensor(PROMPTS[name][0])
+        rows = [json.dumps({"prompt": name, "answer": ANSWERS[name]}) for name in names]
+        lengths = torch.tensor([len(PROMPTS[name][0]) for name in names])
+        yield {"input": ids, PROMPT: lengths, ROW: rows}, torch.full_like(ids, -100)
+
+
+def _trainer(parallel_dims=None):
+    """What GRPOStep reads of torchtitan's trainer; `train_step` runs torchtitan's microbatch loop."""
+    trainer = SimpleNamespace(
+        model_parts=[_Chains()], device=torch.device("cpu"), step=1, gradient_accumulation_steps=2,
+        tokenizer=SimpleNamespace(tokenizer=SimpleNamespace(token_to_id={"<|im_end|>": END}.get), eos_id=PAD,
+                                  decode=lambda ids: " ".join(map(str, ids))),
+        dataloader=SimpleNamespace(packed_datasets=[SimpleNamespace(source=SimpleNamespace(prompt_field="prompt"))]),
+        config=SimpleNamespace(training=SimpleNamespace(local_batch_size=4), compile=SimpleNamespace(enable=False),
+                               model_spec=SimpleNamespace(name="qwen3")),
+        parallel_dims=parallel_dims or SimpleNamespace(dp_enabled=False),
+        metrics_processor=SimpleNamespace(ntokens_since_last_log=0, data_loading_times=[]),
+        checkpointer=SimpleNamespace(states={}), train_context=nullcontext, losses=[],
+        post_dataloading_process=lambda input_dict, labels: (input_dict["input"], labels, {}),
+    )  # fmt: skip
+
+    def train_step(microbatches):
+        for input_dict, labels in microbatches:
+            trainer.losses.append(trainer.forward_backward_step(input_dict=input_dict, labels=labels,
+                                                                global_valid_tokens=None))  # fmt: skip
+
+    trainer.train_step = train_step
+    return trainer
+
+
+def _settings(**changes) -> GRPOSettings:
+    return GRPOSettings(rewards=[f"{__name__}.first_is_answer", f"{__name__}.shortness"], reward_weights=WEIGHTS,
+                        num_generations=4, max_completion_length=MAX_COMPLETION, **changes)  # fmt: skip
+
+
+def _by_hand(prompt_names: list[str], completions: list[list[int]]) -> dict:
+    """The step's figures from its completions (in the order sampled): lengths, clipped share,
+    and advantages with the rewards weighted and each prompt's completions as one group."""
+    lengths = [c.index(END) + 1 if END in c else len(c) for c in completions]
+    totals = [WEIGHTS[0] * float(c[0] == int(ANSWERS[p])) + WEIGHTS[1] * -n / 4
+              for p, c, n in zip(prompt_names, completions, lengths)]  # fmt: skip
+    advantages = []
+    for name, total in zip(prompt_names, totals):
+        group = [t for p, t in zip(prompt_names, totals) if p == name]
+        mean = sum(group) / len(group)
+        std = math.sqrt(sum((t - mean) ** 2 for t in group) / (len(group) - 1))  # TRL's: n - 1
+        advantages.append((total - mean) / (std + 1e-4))
+    return {"lengths": lengths, "clipped": sum(END not in c for c in completions) / len(completions),
+            "advantages": advantages, "reward": sum(totals) / len(totals)}
+
+
+def _completions(microbatches) -> tuple[list[str], list[list[int]]]:
+    """Per completion in the microbatches: its prompt's name and its sampled tokens (up to MAX_COMPLETION)."""
+    names, completions = [], []
+    for input_dict, _ in microbatches:
+        for ids in input_dict["input"].tolist():
+            name = next(n for n, (prompt, _, _) in PROMPTS.items() if ids[:len(prompt)] == prompt)
+            names.append(name)
+            completions.append(ids[len(PROMPTS[name][0]):][:MAX_COMPLETION])
+    return names, completions
+
+
+def test_a_groups_completions_answer_one_prompt_end_at_im_end_and_train_to_it():
+    """A step's completions come in groups of `num_generations` for one prompt each; a finished
+    completion ends with <|im_end|>, counted in its length and trained as its last label; the
+    clipped share is the completions without it; advantages compare a group's weighted rewards."""
+    CALLS.clear()
+    step = install(_trainer(), _settings(), seed=3, lora=False)
+    step.train_step(_prompt_batches(["two", "seven", "two", "seven"]))
+    microbatches = step._generation.microbatches
+    names, completions = _completions(microbatches)
+    assert names == ["two"] * 4 + ["seven"] * 4  # the loader's first two prompts, each a group of 4
+    assert [call["prompts"] for call in CALLS] == [["two"] * 4 + ["seven"] * 4]
+    expected = _by_hand(names, completions)
+    finished = [END in c for c in completions]
+    assert any(finished) and not all(finished), completions  # the coin gave both kinds
+    labels = torch.cat([labels for _, labels in microbatches])
+    for row, (name, n) in enumerate(zip(names, expected["lengths"])):
+        start = len(PROMPTS[name][0]) - 1  # the label at position j is token j + 1
+        trained = labels[row].tolist()
+        assert trained[start:start + n] == completions[row][:n]
+        assert all(label == -100 for j, label in enumerate(trained) if not start <= j < start + n)
+        assert CALLS[0]["completion_ids"][row] == completions[row][:n]
+    metrics = step.step_metrics()
+    assert metrics["grpo/completions/clipped_ratio"] == expected["clipped"]
+    assert metrics["grpo/completions/mean_length"] == sum(expected["lengths"]) / 8
+    assert metrics["grpo/reward"] == pytest.approx(expected["reward"], abs=1e-6)
+    advantages = torch.cat([input_dict[ADVANTAGES] for input_dict, _ in microbatches])
+    torch.testing.assert_close(advantages, torch.tensor(expected["advantages"]), atol=1e-5, rtol=1e-5)
+    assert metrics["grpo/frac_reward_zero_std"] == 0.0
+
+
+def test_num_iterations_trains_on_one_generation_that_many_steps():
+    """grpo.num_iterations=2: the second step trains on the first's completions (no new sampling,
+    no new rewards), with the sampling policy's log-probabilities kept for the ratio."""
+    CALLS.clear()
+    trainer = _trainer()
+    step = install(trainer, _settings(num_iterations=2), seed=3, lora=False)
+    batches = _prompt_batches(["two", "seven", "two", "seven"])
+    step.train_step(batches)
+    first = step._generation
+    assert all(input_dict[OLD_LOGPS] is not None for input_dict, _ in first.microbatches)
+    trainer.step = 2
+    step.train_step(batches)
+    assert step._generation is first and len(CALLS) == 1
+    trainer.step = 3
+    step.train_step(batches)  # a new generation, from the prompts still in hand
+    assert len(CALLS) == 2 and CALLS[1]["prompts"] == ["two"] * 4 + ["seven"] * 4
