@@ -1,7 +1,8 @@
-"""The README's commands as written: every `launch.py` line of its bash blocks composes and plans
-(in-process, as a dry run; a sweep, each of its jobs), in a dir holding the files the README names
-(`chats.jsonl`, `pairs.jsonl`, `math.jsonl`, `corpus/`, `alpaca.json`, `Qwen3-0.6B/`), made from the bundled assets. A README
-example that drifts from what runs fails here."""
+"""The README's and the docs' commands as written: every `launch.py` line of the bash blocks of
+README.md and docs/*.md composes and plans (in-process, as a dry run; a sweep, each of its jobs), in
+a dir holding the files they name (`chats.jsonl`, `pairs.jsonl`, `math.jsonl`, `corpus/`,
+`alpaca.json`, `Qwen3-0.6B/`), made from the bundled assets. An example that drifts from what runs
+fails here."""
 
 from __future__ import annotations
 
@@ -10,22 +11,39 @@ import json
 import re
 import shlex
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import REPO, compose_config, compose_job, plan_of
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def commands_of(page: Path) -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", page.read_text(), re.DOTALL)
+    # a line that runs launch.py, not one whose comment names it
+    return [line for block in blocks for line in block.splitlines() if "launch.py" in re.sub(r"(^|\s)#.*", "", line)]
 
 
 def readme_commands() -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
-    return [line for block in blocks for line in block.splitlines() if "launch.py" in line]
+    return commands_of(REPO / "README.md")
+
+
+def documented_commands() -> list:
+    """Every page's commands, each test named by its first page and the command (a command shown
+    on two pages plans once)."""
+    first_page = {}
+    for page in PAGES:
+        for command in commands_of(page):
+            first_page.setdefault(command, page.name)
+    return [pytest.param(command, id=f"{page}: {command}") for command, page in first_page.items()]
 
 
 @pytest.fixture
 def users_dir(tmp_path, assets, monkeypatch):
-    """Where a user runs the README's commands: their files, under the README's names."""
+    """Where a user runs the docs' commands: their files, under the names the docs give them."""
     shutil.copy(assets.chat_train_file, tmp_path / "chats.jsonl")
     shutil.copy(assets.preference_train_file, tmp_path / "pairs.jsonl")
     (tmp_path / "corpus").mkdir()
@@ -45,11 +63,11 @@ def test_the_readme_has_commands_for_each_first_screen_task():
         assert shown in commands
 
 
-@pytest.mark.parametrize("command", readme_commands())
-def test_every_readme_command_plans_as_written(users_dir, command):
+@pytest.mark.parametrize("command", documented_commands())
+def test_every_documented_command_plans_as_written(users_dir, command):
     for token in command.split():
         if "=[" in token:  # zsh (macOS's shell) expands an unquoted [...]
-            assert token[0] in "'\"", f"quote {token} in the README"
+            assert token[0] in "'\"", f"quote {token} in the docs"
     args = shlex.split(command, comments=True)
     args = args[args.index("launch.py") + 1 :]
     if "--cfg" in args:
