@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 from contextlib import nullcontext
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -177,3 +178,52 @@ def test_num_iterations_trains_on_one_generation_that_many_steps():
     trainer.step = 3
     step.train_step(batches)  # a new generation, from the prompts still in hand
     assert len(CALLS) == 2 and CALLS[1]["prompts"] == ["two"] * 4 + ["seven"] * 4
+
+
+def _rank(rank: int, port: int, loss_type: str, out_dir: str) -> None:
+    """One of two data-parallel ranks (gloo): a GRPO step on its own prompts, what it trained recorded."""
+    import os
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("batch",))
+    trainer = _trainer(SimpleNamespace(dp_enabled=True, get_mesh=lambda name: mesh))
+    step = install(trainer, _settings(loss_type=loss_type), seed=3, lora=False)
+    step.train_step(_prompt_batches([["two", "seven"], ["seven", "two"]][rank] * 2))
+    names, completions = _completions(step._generation.microbatches)
+    advantages = torch.cat([input_dict[ADVANTAGES] for input_dict, _ in step._generation.microbatches]).tolist()
+    record = {"names": names, "completions": completions, "advantages": advantages,
+              "loss": float(sum(trainer.losses)), "reward": step.step_metrics()["grpo/reward"],
+              "divisors": [step._generation.completions, step._generation.tokens]}  # fmt: skip
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(record))
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_two_ranks_divide_the_loss_by_the_global_batch(tmp_path, loss_type):
+    """On two data-parallel ranks each rank's loss is its completions' share of the global
+    batch's: its token losses over every rank's completion tokens (dapo) or its completions'
+    mean token losses over every rank's completions (grpo); each rank trains its own completions'
+    advantages; the reward is the global batch's mean."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    torch.multiprocessing.start_processes(_rank, args=(port, loss_type, str(tmp_path)), nprocs=2, start_method="fork")
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert [r["names"] for r in ranks] == [["two"] * 4 + ["seven"] * 4, ["seven"] * 4 + ["two"] * 4]
+    by_hand = [_by_hand(r["names"], r["completions"]) for r in ranks]  # groups never span ranks
+    tokens = sum(sum(h["lengths"]) for h in by_hand)
+    assert [r["divisors"] for r in ranks] == [[16, tokens]] * 2  # the global batch's completions and tokens
+    # ratio 1 (one iteration, no KL): each completion token's loss is minus its advantage
+    for rank, hand in zip(ranks, by_hand):
+        assert rank["advantages"] == pytest.approx(hand["advantages"], abs=1e-5)
+        if loss_type == "dapo":
+            expected = sum(-a * n for a, n in zip(hand["advantages"], hand["lengths"])) / tokens
+        else:  # a group's advantages sum to about 0: the divisors above hold this one
+            expected = sum(-a for a in hand["advantages"]) / 16
+        assert rank["loss"] == pytest.approx(expected, abs=1e-6)
+        assert rank["reward"] == pytest.approx((by_hand[0]["reward"] + by_hand[1]["reward"]) / 2, abs=1e-6)
