@@ -23,7 +23,10 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/summary.json        how the run ended
     <run dir>/PLAN_ONLY.txt       left by a dry run or `run.show_data`: the record beside it is a
                                   plan that never trained (a launch may still use the dir)
+    <run dir>/mlflow_run.json     tracking=mlflow: the run's MLflow run (store, id) and how much of
+                                  metrics.jsonl it holds: a resume continues it (report.mlflow_tracking)
     <sweep dir>/.stop_sweep       left by a job that stops the sweep: later jobs skip
+    <sweep dir>/mlflow_run.json   tracking=mlflow: the sweep's parent MLflow run, its jobs' runs its children
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ WHAT_RAN_DIR = "what_ran"
 STOP_FILE = ".stop_sweep"
 LOCK_FILE = ".lock"
 PLAN_ONLY_FILE = "PLAN_ONLY.txt"
+MLFLOW_RUN_FILE = "mlflow_run.json"
 
 
 def group_replacements(lines: list[str]) -> dict[str, list[str]]:

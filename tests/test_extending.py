@@ -129,5 +129,5 @@ def test_a_resume_keeps_the_recorded_rank_count_and_refuses_another(tmp_path):
     assert str(refused.value) == (
         "run.resume continues the recorded config, but this command changes 'run.nproc_per_node' (1 -> 2). "
         "Only run.* (not the rank count: the data position is saved per rank), training.steps, "
-        "checkpoint.load_step and eval.* may change."
+        "checkpoint.load_step, eval.* and tracking.* may change."
     )

@@ -1,5 +1,5 @@
 """The framework's own config sections: `model`, `kernels`, `device`, `run`, `hf`, `data`,
-`finetune`, `eval`.
+`finetune`, `eval`, `tracking`.
 
 Everything else in the composed YAML is a torchtitan `Trainer.Config` section under torchtitan's
 own name. These dataclasses are checked by the same code (`fields.apply_fields`), so a typo or a
@@ -18,6 +18,7 @@ from qwen3_neuron.eval.eval_section import EvalSettings
 from qwen3_neuron.eval.objective import check_objective
 from qwen3_neuron.fields import apply_fields
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
+from qwen3_neuron.report.mlflow_tracking import TrackingSettings, check_tracking
 
 MOE_KERNELS = "qwen3_neuron.kernels.moe."  # factories replacing MoE experts (kernels=blockwise|nki)
 
@@ -294,6 +295,7 @@ class Settings:
     eval: EvalSettings
     preference: PreferenceSettings
     grpo: GRPOSettings
+    tracking: TrackingSettings
 
 
 # torchtitan's fields the framework owns: the model comes from the `model` group, outputs go to the run dir.
@@ -314,6 +316,7 @@ SECTIONS: dict[str, type] = {
     "eval": EvalSettings,
     "preference": PreferenceSettings,
     "grpo": GRPOSettings,
+    "tracking": TrackingSettings,
 }
 
 
@@ -351,6 +354,7 @@ def check_settings(settings: Settings, device: str) -> None:
     _check_grpo(settings)
     check_objective(settings.run.objective, settings.eval)
     _check_objective_data(settings)
+    check_tracking(settings.tracking)
 
 
 # summary fields only one kind of data reports

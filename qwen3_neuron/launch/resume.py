@@ -5,7 +5,8 @@ checkpoint manager finds its `step-N` folders there and restores model, optimize
 data position and step. What the resuming command line may change: `run.*` but the rank count
 (the recorded launch settings stay unless the command sets them) and `training.steps`
 (to train longer), `checkpoint.load_step` (which checkpoint, for this launch only), `eval.*` (what
-to evaluate after training; a completed run is only evaluated: eval/completed_run.py); anything else it
+to evaluate after training; a completed run is only evaluated: eval/completed_run.py), `tracking.*` (where
+the run is logged: with the recorded store, its MLflow run goes on); anything else it
 sets must equal the recorded value, or the plan refuses.
 A `step-N` folder without DCP's `.metadata` (written last) was cut short and is never picked,
 by torchtitan's own rule, which `complete_steps` mirrors to say where the run will continue; a
@@ -25,7 +26,7 @@ from omegaconf import OmegaConf
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.run_dir import JOB_FILE, TRAINER_CONFIG_FILE, complete_steps, read_job
 
-CHANGEABLE_ON_RESUME = ("run", "training.steps", "checkpoint.load_step", "hydra", "eval")
+CHANGEABLE_ON_RESUME = ("run", "training.steps", "checkpoint.load_step", "hydra", "eval", "tracking")
 # the data position is saved per data-parallel rank: a resume runs on the ranks the run trained on
 KEPT_ON_RESUME = ("run.nproc_per_node", "run.nnodes")
 
@@ -62,8 +63,9 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
     # which checkpoint: this launch's choice alone (the next resume takes the newest intact one again)
     load_step = composed["checkpoint"]["load_step"] if _typed("checkpoint.load_step", typed_overrides) else -1
     resumed.setdefault("checkpoint", {})["load_step"] = load_step
-    if any(key.split(".")[0] == "eval" for key in _typed_keys(typed_overrides)):
-        resumed["eval"] = composed["eval"]  # what to evaluate once training ends
+    for section in ("eval", "tracking"):  # what to evaluate once training ends, where it is logged
+        if any(key.split(".")[0] == section for key in _typed_keys(typed_overrides)):
+            resumed[section] = composed[section]
     return resumed
 
 
@@ -104,7 +106,7 @@ def _refuse_changes(run_dir: Path, recorded: Mapping, composed: Mapping, typed_o
             raise ConfigError(
                 f"run.resume continues the recorded config, but this command changes '{key}' "
                 f"({shown} -> {_plain(after)!r}). Only run.* (not the rank count: the data position "
-                "is saved per rank), training.steps, checkpoint.load_step and eval.* may change."
+                "is saved per rank), training.steps, checkpoint.load_step, eval.* and tracking.* may change."
             )
 
 

@@ -46,6 +46,7 @@ from qwen3_neuron.launch.resume import planned_schedule_end, resume_step, resume
 from qwen3_neuron.launch.run_lock import RunDirLock
 from qwen3_neuron.handoff import Handoff, PlannedRun
 from qwen3_neuron.report.loss_check import check_first_loss
+from qwen3_neuron.report.mlflow_tracking import track_run
 from qwen3_neuron.report.outcome import JobOutcome
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value, sweep_stop_reason, write_summary
@@ -83,6 +84,7 @@ def run_job(cfg: DictConfig) -> JobOutcome:
         single_run=hydra_config.mode == RunMode.RUN,
         label="" if hydra_config.mode == RunMode.RUN else f"#{hydra_config.job.num}",
         sweep_dir=None if hydra_config.mode == RunMode.RUN else Path(hydra_config.sweep.dir).resolve(),
+        cfg=cfg,
     )
     stopped_by = hydra_job.sweep_dir and sweep_stop_reason(hydra_job.sweep_dir)
     if stopped_by:
@@ -320,8 +322,20 @@ def _rank_logs(run_dir: Path) -> set[Path]:
 class _HydraJob:
     """This job as Hydra runs it: its run dir, and its place in a sweep (if it is in one)."""
 
-    def __init__(self, run_dir: Path, single_run: bool, label: str, sweep_dir: Path | None):
+    def __init__(self, run_dir: Path, single_run: bool, label: str, sweep_dir: Path | None, cfg: DictConfig):
         self.run_dir, self.single_run, self.label, self.sweep_dir = run_dir, single_run, label, sweep_dir
+        self.cfg = cfg
+
+    def track(self, summary: dict) -> None:
+        """tracking=mlflow: the job's outcome in its MLflow run, once its summary is written (the
+        config Hydra composed stands in for a job.yaml this launch did not keep)."""
+        composed = None
+        if not (self.run_dir / JOB_FILE).exists():
+            try:
+                composed = OmegaConf.to_container(self.cfg, resolve=True)
+            except OmegaConfBaseException:
+                composed = OmegaConf.to_container(self.cfg)
+        track_run(self.run_dir, summary, composed, self.sweep_dir)
 
     def config_error(self, error: Exception, stop_on_failure: bool) -> JobOutcome:
         print(f"{user_error_label(error) or 'Config error'}: {error}", file=sys.stderr)
@@ -331,6 +345,7 @@ class _HydraJob:
         # a sweep job: its dir stays, with a summary the sweep table reads
         summary = summarize(self.run_dir, "failed", 0.0, error=f"config error: {error}", exit_code=CONFIG_ERROR_EXIT)
         write_summary(self.run_dir, summary)
+        self.track(summary)
         value = sweep_job_value(
             summary, "final_loss", stop_on_failure=stop_on_failure, sweep_dir=self.sweep_dir, job=self.label
         )
@@ -342,6 +357,7 @@ class _HydraJob:
         print(failure.message, file=sys.stderr)
         summary = summarize(self.run_dir, "failed", 0.0, exit_code=failure.exit_code)
         write_summary(self.run_dir, summary)
+        self.track(summary)
         value = None
         if not self.single_run:
             value = sweep_job_value(
@@ -415,6 +431,7 @@ class _HydraJob:
             write_summary(self.run_dir, summary)
         for line in [*summary_lines(summary), f"run dir: {self.run_dir} (every figure: summary.json)"]:
             print(f"[qwen3-neuron] {line}")
+        self.track(summary)  # its line last: where the MLflow run is
         code = exit_code or (1 if summary["status"] != "completed" else 0)
         value = None
         if not self.single_run:

@@ -7,6 +7,8 @@ Optuna study whose trials all failed), and once more at the end of the multirun,
 prints the table. The launch's exit code comes from the jobs' outcomes (`report.outcome`): those
 of jobs that ran in this process are launch.py's already; when they all ran elsewhere (submitit),
 it reads them from their summaries here and hands them to launch.py (`SweepEnded`).
+With tracking=mlflow it also makes the sweep's parent MLflow run when the multirun starts and
+ends it when it ends (report.mlflow_tracking).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from qwen3_neuron.report.mlflow_tracking import sweep_ended, sweep_started
 from qwen3_neuron.report.outcome import JobOutcome, SweepEnded
 from qwen3_neuron.report.sweep_table import CSV_FILE, MARKDOWN_FILE, PLOT_FILE, collect_jobs, write_report
 from qwen3_neuron.run_dir import STOP_FILE
@@ -33,6 +37,7 @@ class SweepReport(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # a sweep dir reused (a fixed hydra.sweep.dir): an old stop note must not skip new jobs
         (Path(config.hydra.sweep.dir) / STOP_FILE).unlink(missing_ok=True)
+        sweep_started(Path(config.hydra.sweep.dir).resolve(), _tracking(config))  # tracking=mlflow: the parent run
         if "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower():
             import optuna  # the sweeper's own import, made a moment earlier
 
@@ -48,8 +53,18 @@ class SweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         _write(sweep_dir, quiet=False)
+        jobs = collect_jobs(sweep_dir) if sweep_dir.is_dir() else []
+        sweep_ended(sweep_dir.resolve(), _tracking(config), [job.summary["status"] for job in jobs])
         if not self.jobs_ended_here:  # submitit ran them: launch.py has none of their outcomes
-            raise SweepEnded([JobOutcome.recorded(job.summary) for job in collect_jobs(sweep_dir)])
+            raise SweepEnded([JobOutcome.recorded(job.summary) for job in jobs])
+
+
+def _tracking(config: DictConfig) -> dict[str, Any]:
+    """The sweep's `tracking` section (tracking=mlflow: report.mlflow_tracking), resolved."""
+    try:
+        return {"tracking": OmegaConf.to_container(config.tracking, resolve=True)}
+    except OmegaConfBaseException:  # each job names the mistake as its config error
+        return {}
 
 
 def _write(sweep_dir: Path, quiet: bool) -> None:
