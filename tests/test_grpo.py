@@ -405,8 +405,10 @@ def test_grpo_rewards_reach_the_summary_the_end_of_run_lines_and_the_objective(t
     from qwen3_neuron.launch.progress import Progress
     from qwen3_neuron.worker.metrics import validation_record
 
+    # steps 1 and 2 without a learning signal: every group's completions scored alike
     steps = [{"step": s, "loss": 0.1 / s, "reward": reward, "completions/mean_length": 30.0 + s,
-              "completions/clipped_ratio": 0.25} for s, reward in ((1, 0.016), (2, 0.2), (3, 0.42))]  # fmt: skip
+              "completions/clipped_ratio": 0.25, "frac_reward_zero_std": zero_std}
+             for s, reward, zero_std in ((1, 0.016, 1.0), (2, 0.2, 1.0), (3, 0.42, 0.5))]  # fmt: skip
     # the held-out prompts' validation at step 2, as the worker logs it: rewards, no loss
     held_out = validation_record({"validation_metrics/loss": math.nan, "validation_metrics/grpo/reward": 0.3,
                                   "validation_metrics/grpo/completions/mean_length": 20.0}, step=2)  # fmt: skip
@@ -415,25 +417,37 @@ def test_grpo_rewards_reach_the_summary_the_end_of_run_lines_and_the_objective(t
     write_records(tmp_path, [*steps[:2], held_out, steps[2]])
     summary = summarize(tmp_path, "completed", 1.0)
     assert {k: summary[k] for k in ("first_reward", "reward", "completion_mean_length", "completion_clipped_ratio",
-                                    "val_reward", "val_step", "val_loss")} == {
+                                    "val_reward", "val_step", "val_loss", "no_signal_steps")} == {
         "first_reward": 0.016, "reward": 0.42, "completion_mean_length": 33.0, "completion_clipped_ratio": 0.25,
-        "val_reward": 0.3, "val_step": 2, "val_loss": None}  # fmt: skip
+        "val_reward": 0.3, "val_step": 2, "val_loss": None, "no_signal_steps": 2}  # fmt: skip
+    lines = summary_lines(json.loads(json.dumps(summary)))
     assert ("grpo: reward 0.0160 -> 0.4200; completions 33.0 tokens on average, 25% cut at "
-            "grpo.max_completion_length; held-out prompts: reward 0.3000 at step 2") in summary_lines(
-        json.loads(json.dumps(summary)))  # fmt: skip
+            "grpo.max_completion_length; held-out prompts: reward 0.3000 at step 2") in lines
+    assert ("grpo: 2 of 3 steps without a learning signal: every group's completions scored alike, so every "
+            "advantage was 0 and the reward taught the policy nothing; more completions per prompt "
+            "(grpo.num_generations), a higher grpo.temperature or a reward that gives partial credit spreads the "
+            "scores") in lines  # fmt: skip
     assert sweep_job_value(summary, "reward", stop_on_failure=True) == 0.42
     assert sweep_job_value(summary, "val_reward", stop_on_failure=True) == 0.3
     out = io.StringIO()
     progress = Progress(tmp_path / "metrics.jsonl", total_steps=3, stream=out)
     progress._poll()
     progress.stop()
-    assert "step 3/3  loss 0.0333  val reward 0.3000 (step 2)" in out.getvalue()
+    shown = out.getvalue().splitlines()
+    assert "step 3/3  reward 0.4200  loss 0.0333  val reward 0.3000 (step 2)" in shown[-1]
+    said = [line for line in shown if "no learning signal" in line]
+    assert [line.split(": every")[0] for line in said] == [
+        "[qwen3-neuron]  no learning signal at step 1", "[qwen3-neuron]  no learning signal at steps 1-2, 2 in a row"]
+    assert said[0].endswith("spreads the scores.")
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "overrides.yaml").write_text("- grpo.beta=0.0\n")
-    write_report(tmp_path.parent)  # the sweep table of a sweep of this one job
+    report = write_report(tmp_path.parent)  # the sweep table of a sweep of this one job
     row = csv_rows(tmp_path.parent / "summary.csv")[0]
     assert (row["first_reward"], row["reward"], row["val_reward"]) == ("0.016", "0.42", "0.3")
+    table = (tmp_path.parent / "summary.md").read_text()
+    assert "| 0.0160 | 0.4200 | 0.3000 |" in table  # rounded as the losses are
+    assert (report.jobs[0].curve, report.jobs[0].points) == ("reward", [(1, 0.016), (2, 0.2), (3, 0.42)])
     job = compose_job("experiment=cpu_qwen3_tiny_grpo", "run.objective=reward")
     check_settings(job.settings, "cpu")  # data=prompts reports it
     with pytest.raises(ConfigError) as refused:

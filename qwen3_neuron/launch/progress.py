@@ -3,6 +3,7 @@
     [qwen3-neuron] #2 model=moe  step 3/5  loss 7.2871  val 7.3012 (step 2)  tok/s 1,234  mfu 1.20%  ETA 0:00:04
 
 (`val`: the last validation loss and the step it was measured at, when the run validates;
+data=prompts: `reward`, the step's mean reward, and `val reward`, the held-out prompts';
 `rows not trained`: rank 0's share of the rows it read that were dropped or skipped, once above
 1 % - the end-of-run lines say which and why.)
 
@@ -23,6 +24,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
+
+from qwen3_neuron.report.summary import NO_SIGNAL, without_signal
 
 POLL_SECONDS = 0.5
 WARN_NOT_TRAINED = 0.01  # as the end-of-run lines (report.summary): a share of rows dropped or skipped
@@ -47,6 +50,7 @@ class Progress:
         self._last: dict[str, Any] | None = None
         self._validation: tuple[int, str, float] | None = None  # the last validation: step, label, figure
         self._unprinted = False  # not on a terminal: the last step's line is still to print
+        self._silent = 0  # GRPO steps in a row without a learning signal, up to the last
         self._start = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
@@ -108,6 +112,7 @@ class Progress:
             if "loss" in record:  # a training step: the one before it is complete
                 if self._unprinted:
                     self._emit(self.line())
+                self._say_signal(record)
                 self._first = self._first or record
                 self._last, self._unprinted = record, not self._tty
         return bool(records)
@@ -117,7 +122,10 @@ class Progress:
         last = self._last
         if last is None:
             return f"{PREFIX}{label}  starting ({_clock(time.monotonic() - self._start)})"
-        parts = [f"step {last['step']}/{self._total}", f"loss {last.get('loss', float('nan')):.4f}"]
+        parts = [f"step {last['step']}/{self._total}"]
+        if last.get("reward") is not None:  # data=prompts: the reward is what moves, not the surrogate loss
+            parts.append(f"reward {last['reward']:.4f}")
+        parts.append(f"loss {last.get('loss', float('nan')):.4f}")
         if self._validation is not None:
             step, figure, value = self._validation
             parts.append(f"{figure} {value:.4f} (step {step})")
@@ -132,6 +140,24 @@ class Progress:
         eta = self._eta()
         parts.append(f"ETA {_clock(eta)}" if eta is not None else "ETA --")
         return f"{PREFIX}{label}  " + "  ".join(parts)
+
+    def _say_signal(self, record: dict[str, Any]) -> None:
+        """data=prompts: a step without a learning signal said at once, and again as the streak doubles."""
+        self._silent = self._silent + 1 if without_signal(record) else 0
+        if self._silent and self._silent & (self._silent - 1) == 0:
+            label = f" {self._label}" if self._label else ""
+            step = record["step"]
+            steps = f"step {step}" if self._silent == 1 else f"steps {step - self._silent + 1}-{step}, {self._silent} in a row"
+            self._say(f"{PREFIX}{label}  no learning signal at {steps}: {NO_SIGNAL}.")
+
+    def _say(self, text: str) -> None:
+        """A line of its own above the live line."""
+        if self._tty:
+            self._stream.write("\r" + text.ljust(self._width) + "\n")
+            self._stream.flush()
+            self._width = 0
+        else:
+            self._emit(text)
 
     def _eta(self) -> float | None:
         """Seconds left at the pace since the first logged step (step 1 carries start-up)."""

@@ -141,6 +141,16 @@ def _preference(last: dict[str, Any], validation: dict[str, Any]) -> dict[str, A
             **{f"val_{name}": validation.get(f"val_{name}") for name in PREFERENCE_FIELDS}}  # fmt: skip
 
 
+NO_SIGNAL = ("every group's completions scored alike, so every advantage was 0 and the reward taught the policy "
+             "nothing; more completions per prompt (grpo.num_generations), a higher grpo.temperature or a reward "
+             "that gives partial credit spreads the scores")  # fmt: skip
+
+
+def without_signal(record: dict[str, Any]) -> bool:
+    """A GRPO step in which every group's completions scored alike (TRL's frac_reward_zero_std of 1)."""
+    return record.get("frac_reward_zero_std") == 1.0
+
+
 GRPO_FIELDS = {"reward": "reward", "completion_mean_length": "completions/mean_length",
                "completion_clipped_ratio": "completions/clipped_ratio"}  # summary field: metrics.jsonl's
 
@@ -149,7 +159,7 @@ def _grpo(steps: list[dict[str, Any]], validation: dict[str, Any]) -> dict[str, 
     if not steps:
         return {}
     return {"first_reward": steps[0]["reward"], **{field: steps[-1].get(name) for field, name in GRPO_FIELDS.items()},
-            "val_reward": validation.get("val_reward")}  # fmt: skip
+            "val_reward": validation.get("val_reward"), "no_signal_steps": sum(map(without_signal, steps))}  # fmt: skip
 
 
 def _mfu(flops_per_token: float | None, tokens_per_second: float | None, peak: dict | None) -> float | None:
@@ -214,6 +224,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                      f"{summary['completion_clipped_ratio']:.0%} cut at grpo.max_completion_length")  # fmt: skip
         if summary.get("val_reward") is not None:
             lines[-1] += f"; held-out prompts: reward {summary['val_reward']:.4f} at step {summary['val_step']}"
+        if summary.get("no_signal_steps"):
+            lines.append(f"grpo: {summary['no_signal_steps']} of {summary['steps']} steps without a learning signal: "
+                         f"{NO_SIGNAL}")  # fmt: skip
     speed = []
     if summary.get("tokens_per_second") is not None:
         speed.append(f"{summary['tokens_per_second']:,.0f} tok/s")

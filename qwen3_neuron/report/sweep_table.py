@@ -10,8 +10,8 @@ writes, into the sweep dir:
   `eval.<task>.<metric>` column per lm-eval score (eval=lm_eval), `error`, exactly as in the job's summary.json, and the job's run dir;
 - `summary.md`: the same table for people (rounded, MFU in %), plus Optuna's best trial when the
   sweep was an Optuna study;
-- `loss.png`: every job's loss curve from its metrics.jsonl, labelled by its overrides (a failed
-  job's curve dashed).
+- `loss.png`: every job's loss curve from its metrics.jsonl (a data=prompts job's: its reward,
+  GRPO's surrogate loss says little), labelled by its overrides (a failed job's curve dashed).
 
 At the end of `launch.py -m ...` the SweepReport Hydra callback (qwen3_neuron.report.hydra_callbacks)
 does the same; this command rebuilds it for an existing sweep dir.
@@ -57,7 +57,9 @@ class Job:
     run_dir: Path
     overrides: dict[str, str]
     summary: dict[str, Any]
-    losses: list[tuple[int, float]] = field(default_factory=list)
+    points: list[tuple[int, float]] = field(default_factory=list)
+    """(step, loss) per training step; a data=prompts job's (step, reward): `curve` says which."""
+    curve: str = "loss"
 
     @property
     def failed(self) -> bool:
@@ -112,7 +114,7 @@ def _read_job(run_dir: Path) -> Job:
     else:  # the launcher was stopped before it could write one, or the job is still running
         summary = {"status": "unknown", "error": f"no {SUMMARY_FILE} in the job's dir"}
     summary.update(flat_scores(summary))  # eval.<task>.<metric>: a column each
-    return Job(run_dir.name, run_dir, read_overrides(run_dir), summary, _read_losses(run_dir))
+    return Job(run_dir.name, run_dir, read_overrides(run_dir), summary, *_read_curve(run_dir))
 
 
 def read_overrides(run_dir: Path) -> dict[str, str]:
@@ -136,8 +138,10 @@ def varying_keys(jobs: list[Job]) -> list[str]:
     return [key for key in keys if len({job.overrides.get(key, "") for job in jobs}) > 1]
 
 
-def _read_losses(run_dir: Path) -> list[tuple[int, float]]:
-    return [(record["step"], record["loss"]) for record in read_metrics(run_dir) if "loss" in record]
+def _read_curve(run_dir: Path) -> tuple[list[tuple[int, float]], str]:
+    steps = [record for record in read_metrics(run_dir) if "loss" in record]
+    curve = "reward" if any("reward" in record for record in steps) else "loss"
+    return [(record["step"], record[curve]) for record in steps if curve in record], curve
 
 
 # ---- the table -------------------------------------------------------------------------------
@@ -187,7 +191,7 @@ def render_markdown(report: SweepTable) -> str:
 
 
 _NUMERIC = {"steps", "first_loss", "final_loss", "val_loss", "tokens_per_second", "packing_efficiency", "mfu",
-            "peak_memory_gib", "wall_seconds", *PREFERENCE_COLUMNS}  # fmt: skip
+            "peak_memory_gib", "wall_seconds", *PREFERENCE_COLUMNS, *GRPO_COLUMNS}  # fmt: skip
 
 
 def _format(column: str, value: Any) -> str:
@@ -204,7 +208,7 @@ def _format(column: str, value: Any) -> str:
         return f"{100 * value:.3g}%"
     if column == "tokens_per_second":
         return f"{value:,.0f}"
-    if column in ("first_loss", "final_loss", "val_loss", "packing_efficiency", *PREFERENCE_COLUMNS):
+    if column in ("first_loss", "final_loss", "val_loss", "packing_efficiency", *PREFERENCE_COLUMNS, *GRPO_COLUMNS):
         return f"{value:.4f}"
     if column == "peak_memory_gib" or column.startswith(EVAL_PREFIX):
         return f"{value:.3f}"
@@ -237,14 +241,14 @@ def plot_losses(report: SweepTable, path: Path) -> None:
     # what tells the curves apart (a sweep's first job alone: its name; its keys are in the table)
     legend_keys = report.varying if len(report.jobs) > 1 else []
     for job in report.jobs:
-        if not job.losses:
+        if not job.points:
             continue
-        steps, losses = zip(*job.losses)
+        steps, values = zip(*job.points)
         label = job_label(job, legend_keys) + (f" ({job.summary.get('status')})" if job.failed else "")
-        axes.plot(steps, losses, marker="o", markersize=3, linestyle="--" if job.failed else "-", label=label)
+        axes.plot(steps, values, marker="o", markersize=3, linestyle="--" if job.failed else "-", label=label)
         plotted += 1
     axes.set_xlabel("step")
-    axes.set_ylabel("loss")
+    axes.set_ylabel(" / ".join(sorted({job.curve for job in report.jobs if job.points}, reverse=True)) or "loss")
     axes.set_title(f"{report.sweep_dir.name}: {plotted} of {len(report.jobs)} jobs logged a step", fontsize="medium")
     axes.grid(alpha=0.3)
     if plotted:
