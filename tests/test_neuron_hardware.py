@@ -5,8 +5,8 @@ What ran is what the workers recorded (summary.json's `attention`, `compiled`: w
 NEFF reuse is what TorchNeuron's own logger reports with TORCH_NEURONX_LOG_LEVEL=2 (INFO): a
 "[NEFF_CACHE] Cache MISS" line for each graph it had to compile, "Cache HIT" for each it loaded
 (torch-neuronx's csrc/core/neuron_logging.h; not yet run by this project). Skips only where no
-Neuron stack is installed (tests/neuron_stack.py); a half-working one fails with the reason. The
-README's Trainium section lists what to run first on a trn2 instance, in order.
+Neuron stack is installed (tests/neuron_stack.py); a half-working one fails with the reason.
+docs/trainium.md lists what to run first on a trn2 instance, in order.
 """
 
 from __future__ import annotations
