@@ -119,12 +119,13 @@ PLAN_TIME = [
       "{bad}/chats.jsonl line 1: the prompt alone is 13 tokens (before its first assistant token), training.seq_len 8: "
       "cut there, nothing of it would be trained. Raise training.seq_len"]),
     (["data=chat", "training.seq_len=32"],
-     ["training.seq_len=32: 22 of the first 64 rows of ", "would be dropped (34 %, more than data.max_dropped=0.1)"]),
+     ["22 of the first 64 rows of ", "would not be trained (34 %, more than data.max_dropped=0.1): 22 dropped (too "
+      "long for training.seq_len=32), 0 skipped"]),
     (["data=chat", "data.max_dropped=5"], ["data.max_dropped=5.0: a share of the rows read, in [0, 1) (0.1: a tenth), or null"]),
     ([*CHAT, "data.files={bad}/one_long_prompt.jsonl", "training.seq_len=40"],
-     ["training.seq_len=40: 1 of the 3 rows of {bad}/one_long_prompt.jsonl would be dropped (33 %, more than "
-      "data.max_dropped=0.1); the first: {bad}/one_long_prompt.jsonl line 2: the prompt alone is ",
-      "or raise data.max_dropped"]),
+     ["1 of the 3 rows of {bad}/one_long_prompt.jsonl would not be trained (33 %, more than data.max_dropped=0.1): "
+      "1 dropped (too long for training.seq_len=40), 0 skipped (cannot be read as rows of data.kind=chat); the first: "
+      "{bad}/one_long_prompt.jsonl line 2: the prompt alone is ", "or raise data.max_dropped (null: no limit)"]),
     ([*CHAT, "data.files={bad}/sharegpt.jsonl"], ["data.messages_field=messages is not a column",
                                                    "ShareGPT rows: set data.messages_field=conversations"]),
     ([*CHAT, "data.files={bad}/sharegpt.jsonl", "data.messages_field=conversations"],

@@ -64,9 +64,11 @@ def test_malformed_json_is_named_by_its_file_and_line(tmp_path, tokenizer):
     good = json.dumps({"messages": CONVERSATION})
     path = tmp_path / "chats.jsonl"
     path.write_text("\n".join([good, "", *[good] * 5, good[:40], "[1, 2]", *[good] * 20]) + "\n")  # lines 8, 9
-    with pytest.raises(ConfigError) as error:  # the plan's first rows
-        first_rows(chat(path), 64)
-    assert str(error.value) == f"{path} line 8: not JSON (Unterminated string starting at column 34): {good[:40]!r}"
+    placed = first_rows(chat(path), 64)  # the plan's first rows: a malformed one is its error, counted as skipped
+    assert [str(row) for row, _ in placed[6:8]] == [
+        f"{path} line 8: not JSON (Unterminated string starting at column 34): {good[:40]!r}",
+        f"{path} line 9: a row must be a JSON object {{...}}, got list: '[1, 2]'",
+    ]
     dataset = PackedDataset(chat(path), tokenizer, seq_len=512, infinite=False)  # past the first rows: skipped
     list(dataset)
     assert dataset.stats["rows"] == 28 and dataset.stats["skipped"] == 2 and dataset.stats["documents"] == 26
@@ -149,10 +151,74 @@ def test_the_plan_says_what_the_first_rows_lose_at_this_seq_len(tmp_path, assets
     plan_of(compose_job("data=chat", f"data.files={path}", "data.val_files=null", "training.seq_len=100",
                           "data.max_dropped=0.5"), tmp_path / "run", warn=said.append)  # fmt: skip
     assert [line for line in said if " data: " in line] == [
-        f"[qwen3-neuron] data: of the 4 rows of {path} at training.seq_len 100, 1 would be truncated and 1 dropped "
-        f"(e.g. {path} line 2: the prompt alone is 132 tokens (before its first assistant token), training.seq_len "
-        f"100: cut there, nothing of it would be trained; {path} line 3: 151 tokens, cut to training.seq_len 100)"
+        f"[qwen3-neuron] data: of the 4 rows of {path} at training.seq_len 100, 1 would be truncated, 1 dropped "
+        f"and 0 skipped (e.g. {path} line 2: the prompt alone is 132 tokens (before its first assistant token), "
+        f"training.seq_len 100: cut there, nothing of it would be trained; {path} line 3: 151 tokens, cut to "
+        "training.seq_len 100); the run counts them as it goes, against data.max_dropped=0.5"
     ]
+
+
+NO_ASSISTANT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}]}
+
+
+def test_one_bad_row_among_the_first_rows_is_skipped_and_counted_by_the_plan_and_the_workers(tmp_path, assets, tokenizer):
+    """One row policy: a row the workers would skip (line 10: no assistant turn) is skipped by the
+    plan too, counted with why, within data.max_dropped's default share."""
+    from conftest import compose_job, plan_of
+
+    rows = [{"messages": CONVERSATION}] * 300
+    rows[9] = NO_ASSISTANT
+    path = write_jsonl(tmp_path / "chats.jsonl", rows)
+    said = []
+    plan_of(compose_job("data=chat", f"data.files={path}", "data.val_files=null"), tmp_path / "run", warn=said.append)
+    assert [line for line in said if " data: " in line] == [
+        f"[qwen3-neuron] data: of the first 64 rows of {path} at training.seq_len 256, 0 would be truncated, 0 "
+        f"dropped and 1 skipped (e.g. {path} line 10: no assistant turn: nothing to train on (roles: system, user)); the run counts "
+        "them as it goes, against data.max_dropped=0.1"
+    ]
+    dataset = PackedDataset(chat(path), tokenizer, seq_len=512, infinite=False)
+    list(dataset)
+    stats = dataset.data_stats()
+    assert (stats["rows"], stats["skipped"], stats["documents"]) == (300, 1, 299)
+    assert stats["examples"] == {"skipped": [f"{path} line 10: no assistant turn: nothing to train on (roles: system, user)"]}
+
+
+def test_first_rows_over_data_max_dropped_are_refused_with_the_count_and_the_first_of_them(tmp_path, assets):
+    """A third of the first rows unreadable (malformed JSON and rows without an assistant turn):
+    refused, counted, the first three named; data.max_dropped=null lets such a file train."""
+    from conftest import compose_job, plan_of
+
+    good, lines = json.dumps({"messages": CONVERSATION}), []
+    for number in range(1, 301):
+        lines.append(good[:30] if number % 6 == 3 else json.dumps(NO_ASSISTANT) if number % 6 == 0 else good)
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    overrides = ("data=chat", f"data.files={path}", "data.val_files=null")
+    with pytest.raises(ConfigError) as error:
+        plan_of(compose_job(*overrides), tmp_path / "run")
+    assert str(error.value) == (
+        f"21 of the first 64 rows of {path} would not be trained (33 %, more than data.max_dropped=0.1): 0 dropped "
+        "(too long for training.seq_len=256), 21 skipped (cannot be read as rows of data.kind=chat); the first: "
+        f"{path} line 3: not JSON (Unterminated string starting at column 24): {good[:30]!r}; {path} line 6: no "
+        f"assistant turn: nothing to train on (roles: system, user); {path} line 9: not JSON (Unterminated string starting at column "
+        f"24): {good[:30]!r}. Fix or leave out those rows, raise training.seq_len, or raise data.max_dropped (null: no "
+        "limit)"
+    )
+    plan_of(compose_job(*overrides, "data.max_dropped=null"), tmp_path / "run2", warn=lambda _: None)
+
+
+def test_malformed_json_past_the_first_rows_counts_against_data_max_dropped(tmp_path, tokenizer):
+    """A file of bad JSON stops the run: skipped rows are untrained rows, as dropped ones are."""
+    good = json.dumps({"messages": CONVERSATION})
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join([good] * 4 + [good[:30]] * 4) + "\n")
+    with pytest.raises(DataError) as error:
+        list(PackedDataset(chat(path), tokenizer, seq_len=512, infinite=False))
+    assert str(error.value) == (
+        f"{path}: 4 of the 8 rows rank 0 read are not trained (50.0 %, more than data.max_dropped=0.1); the first: "
+        f"{path} line 5: not JSON (Unterminated string starting at column 24): {good[:30]!r}. Raise "
+        "training.seq_len, fix or leave out those rows, or raise data.max_dropped"
+    )
 
 
 def test_show_data_reads_the_rows_once_and_never_packs_a_conversation_twice(tmp_path, assets, caplog):

@@ -3,8 +3,11 @@
 Each source's first `PEEK_ROWS` rows are read as a stream (a 100 GB corpus is opened, never
 scanned) and put through what the workers will do to them: the text column must be there, a chat
 row must be a conversation the tokenizer's chat template renders with its assistant turns found,
-and training.seq_len must leave rows something to train on (what it truncates or drops is said,
-as the end-of-run lines say it; more than `data.max_dropped` of them dropped is refused). A
+and training.seq_len must leave rows something to train on. One row policy, the workers' too
+(`dataset.PackedDataset`): a row that cannot be read as the data kind's row (malformed JSON, no
+assistant turn, ...) is skipped and one too long for training.seq_len dropped, each counted with
+why; the plan says what the first rows lose and refuses first rows none of which trains, or more
+than `data.max_dropped` of which go untrained, naming the count and the first of them. A
 validation set must not be empty; torchtitan's Validator must be told how many batches to read.
 Rows are named by file and 1-based line (JSON), else by their place in the source.
 """
@@ -22,11 +25,12 @@ from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.data.packing import document
 from qwen3_neuron.data.preference import pair_tokens, row_pair
 from qwen3_neuron.data.prompts import prompt_field, prompt_tokens
-from qwen3_neuron.data.row_loading import first_rows, is_validation_row
+from qwen3_neuron.data.row_loading import RowError, first_rows, is_validation_row
 from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.errors import ConfigError
 
 PEEK_ROWS = 64
+NAMED_ROWS = 3  # untrained first rows a refusal names
 # torchtitan's registered data sets that live on the Hub (text_datasets.DATASETS): data=c4
 HUB_REGISTERED = {"c4": "allenai/c4", "c4_validation": "allenai/c4"}
 
@@ -65,7 +69,7 @@ def check_data(
             raise ConfigError(f"{key}.max_dropped={source.max_dropped}: a share of the rows read, in [0, 1) "
                               "(0.1: a tenth), or null for no limit")  # fmt: skip
         if source.format == "prompts":
-            rows = _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens)
+            rows = _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens, key=key, warn=warn)
             if rewards is not None:
                 rewards.check_columns({name for row in rows for name in row} - {prompt_field(source)}, source.name())
             continue
@@ -82,7 +86,8 @@ def check_data(
         if validator.dataloader.sources is not loader.sources and not any(s.val_fraction for s in loader.sources):
             for source in validator.dataloader.sources:
                 if source.format == "prompts":
-                    rows = _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens, "data.val_files")
+                    rows = _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens, "data.val_files",
+                                          warn=warn)
                 else:
                     rows = _check_source(source, "data", "data.val_files", tokenizer, config.training.seq_len, warn)
                 if len(rows) < PEEK_ROWS and len(rows) < world_size:
@@ -111,9 +116,11 @@ def _check_source(source: DataSource, key: str, files_key: str, tokenizer, seq_l
     placed = first_rows(source, PEEK_ROWS, files_key)
     if not placed:
         raise ConfigError(f"{where}: no rows in {source.name()}")
-    rows = [row for row, _ in placed]
+    rows = [row for row, _ in placed if not isinstance(row, RowError)]  # malformed ones: skipped, counted below
     present = {name for row in rows for name in row}  # rows as data sets ship them: not every row has every key
     columns = ", ".join(sorted(present))
+    if not rows:  # not one row to look for columns in: the refusal names why each is unreadable
+        _check_fates(source, key, placed, None, seq_len, warn)
     if source.format == "text":
         if source.text_field not in present:
             raise ConfigError(f"{key}.text_field={source.text_field} is not a column of {source.name()}; "
@@ -160,40 +167,57 @@ def _check_source(source: DataSource, key: str, files_key: str, tokenizer, seq_l
     return rows
 
 
-def _check_fates(source: DataSource, key: str, placed: list[tuple[dict, str]], fate, seq_len: int, warn) -> None:
-    """Each first row as the workers will take it at `seq_len`: an unreadable one is refused; the
-    rows truncated or dropped are said, and refused when none is left or more than data.max_dropped."""
-    fates: dict[str, list[str]] = {"truncated": [], "dropped": [], "split": []}
+def _check_fates(source: DataSource, key: str, placed: list[tuple[dict | RowError, str]], fate, seq_len: int,
+                 warn) -> None:  # fmt: skip
+    """Each first row as the workers will take it at `seq_len` (`fate(row)`: `document_fate`'s
+    answer, or ChatFormatError), under the workers' row policy: a row that cannot be read as the
+    data kind's row is skipped, one too long dropped, each counted with why; said, and refused
+    when none of the rows is left or more than data.max_dropped of them are not."""
+    fates: dict[str, list[str]] = {"truncated": [], "dropped": [], "split": [], "skipped": []}
+    lost: list[str] = []  # dropped or skipped, in row order
     for row, where in placed:
-        try:
-            _, what, why = fate(row)
-        except ChatFormatError as e:
-            raise ConfigError(f"{where}: {e}") from e
+        if isinstance(row, RowError):
+            what, said = "skipped", str(row)  # it names where
+        else:
+            try:
+                _, what, why = fate(row)
+            except ChatFormatError as e:
+                what, why = "skipped", str(e)
+            said = f"{where}: {why}"
         if what:
-            fates[what].append(f"{where}: {why}")
-    read, dropped, truncated = len(placed), len(fates["dropped"]), len(fates["truncated"])
+            fates[what].append(said)
+        if what in ("dropped", "skipped"):
+            lost.append(said)
+    read, dropped, skipped, truncated = len(placed), len(fates["dropped"]), len(fates["skipped"]), len(fates["truncated"])
     first = f"the first {read} rows of {source.name()}" if read == PEEK_ROWS else f"the {read} rows of {source.name()}"
-    if dropped == read:
+    named = "; ".join(lost[:NAMED_ROWS])
+    counted = f"{dropped} dropped (too long for training.seq_len={seq_len}), {skipped} skipped (cannot be read as rows of data.kind={source.format})"
+    if not skipped and dropped == read:
         raise ConfigError(
             f"training.seq_len={seq_len}: none of {first} keeps a token to train on; the first: "
             f"{fates['dropped'][0]}. Raise training.seq_len"
             + ("" if source.overlong == "truncate" else f" or set {key}.overlong=truncate")
         )
+    if len(lost) == read:
+        raise ConfigError(f"none of {first} can be trained: {counted}; the first: {named}. Fix those rows, "
+                          "or name the data's columns and format (data.* keys)")  # fmt: skip
     limit = source.max_dropped
-    if limit is not None and dropped / read > limit:
+    if limit is not None and len(lost) / read > limit:
         raise ConfigError(
-            f"training.seq_len={seq_len}: {dropped} of {first} would be dropped ({100 * dropped / read:.0f} %, more "
-            f"than {key}.max_dropped={limit}); the first: {fates['dropped'][0]}. Raise training.seq_len, "
-            f"leave such rows out, or raise {key}.max_dropped"
+            f"{len(lost)} of {first} would not be trained ({100 * len(lost) / read:.0f} %, more than "
+            f"{key}.max_dropped={limit}): {counted}; the first: {named}. Fix or leave out those rows, raise "
+            f"training.seq_len, or raise {key}.max_dropped (null: no limit)"
         )
-    if dropped:  # truncation is the documented default: the end-of-run lines count it
-        said = "; ".join((fates["dropped"] + fates["truncated"])[:2])
-        warn(f"[qwen3-neuron] data: of {first} at training.seq_len {seq_len}, {truncated} would be truncated "
-             f"and {dropped} dropped (e.g. {said})")  # fmt: skip
+    if lost:  # truncation is the documented default: the end-of-run lines count it
+        said = "; ".join((lost + fates["truncated"])[:2])
+        warn(f"[qwen3-neuron] data: of {first} at training.seq_len {seq_len}, {truncated} would be truncated, "
+             f"{dropped} dropped and {skipped} skipped (e.g. {said}); the run counts them as it goes, against "
+             f"{key}.max_dropped={limit}")  # fmt: skip
 
 
 def _check_prompts(
-    source: DataSource, tokenizer, seq_len: int, completion_tokens: int, files_key: str = "data.files"
+    source: DataSource, tokenizer, seq_len: int, completion_tokens: int, files_key: str = "data.files", key: str = "data",
+    warn: Callable[[str], None] = print,
 ) -> list[dict]:
     """data=prompts: the prompt column there, and each first prompt leaving room for a completion."""
     where = source.hf_dataset or files_key
@@ -201,22 +225,25 @@ def _check_prompts(
     if not placed:
         raise ConfigError(f"{where}: no rows in {source.name()}")
     field = prompt_field(source)
-    present = {name for row, _ in placed for name in row}
-    if field not in present:
+    rows = [row for row, _ in placed if not isinstance(row, RowError)]
+    present = {name for row in rows for name in row}
+    if rows and field not in present:
         raise ConfigError(f"data.prompt_field={field} is not a column of {source.name()}; its columns: "
                           f"{', '.join(sorted(present))}")  # fmt: skip
-    for row, place in placed:
+
+    for row, place in placed:  # a prompt that leaves no room for the completion: a setting to change
         try:
-            length = len(prompt_tokens(tokenizer, row, source))
-        except ChatFormatError as e:
-            raise ConfigError(f"{place}: {e}") from e
+            length = len(prompt_tokens(tokenizer, row, source)) if not isinstance(row, RowError) else 0
+        except ChatFormatError:
+            continue  # skipped, and counted, below
         if length + completion_tokens > seq_len:
             raise ConfigError(
                 f"{place}: the prompt is {length} tokens, and grpo.max_completion_length="
                 f"{completion_tokens} more must fit in training.seq_len={seq_len}: raise training.seq_len to at "
                 f"least {length + completion_tokens} or lower grpo.max_completion_length."
             )
-    return [row for row, _ in placed]
+    _check_fates(source, key, placed, lambda row: (prompt_tokens(tokenizer, row, source), None, ""), seq_len, warn)
+    return rows
 
 
 def _check_pair(renderer: ChatRenderer, pair, seq_len: int, key: str) -> None:

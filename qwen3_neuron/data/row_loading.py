@@ -160,6 +160,13 @@ def parse_json_row(text: str, where: str) -> dict[str, Any]:
     return row
 
 
+def _parsed_or_error(text: str, where: str) -> dict[str, Any] | RowError:
+    try:
+        return parse_json_row(text, where)
+    except RowError as e:
+        return e
+
+
 def json_rows(path: str) -> Iterator[tuple[str, str]]:
     """(text, where in the file) of each row of a JSON lines file, blank lines skipped, or of
     each item of a file holding one JSON array."""
@@ -225,9 +232,10 @@ def _load_hub(source, streaming: bool, cache_dir: str | None) -> Any:
         ) from e
 
 
-def first_rows(source, n: int, files_key: str = "data.files") -> list[tuple[dict[str, Any], str]]:
+def first_rows(source, n: int, files_key: str = "data.files") -> list[tuple[dict[str, Any] | RowError, str]]:
     """The first `n` rows of the source and where each is ("/data/chats.jsonl line 7", "row 3 of
-    notes.parquet"), read as a stream (the files are opened, never scanned)."""
+    notes.parquet"), read as a stream (the files are opened, never scanned). A malformed JSON row
+    is its `RowError` in place of the row: the plan counts it as the workers do (skipped)."""
     if not source.hf_dataset:
         files = resolve_files(source.files, files_key)
         empty = [f for f in files if os.path.isfile(f) and os.path.getsize(f) == 0]
@@ -235,10 +243,10 @@ def first_rows(source, n: int, files_key: str = "data.files") -> list[tuple[dict
             raise ConfigError(f"{files_key}: '{empty[0]}' is empty (no rows)")
         if _builder_of(files, files_key) == "json":
             try:
-                placed = itertools.islice(((text, f"{path} {at}") for path in files for text, at in json_rows(path)), n)
-                return [(parse_json_row(text, where), where) for text, where in placed]
-            except RowError as e:
+                placed = list(itertools.islice(((text, f"{path} {at}") for path in files for text, at in json_rows(path)), n))
+            except RowError as e:  # a JSON array that does not parse: not one row of it can be read
                 raise ConfigError(str(e)) from None
+            return [(_parsed_or_error(text, where), where) for text, where in placed]
     with tempfile.TemporaryDirectory(prefix="qwen3-neuron-peek-") as scratch:  # datasets' lock files
         try:
             rows = load_rows(source, streaming=True, cache_dir=scratch)
