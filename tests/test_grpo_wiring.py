@@ -12,6 +12,7 @@ torchtitan's microbatch loop.
 from __future__ import annotations
 
 import json
+import os
 import math
 from contextlib import nullcontext
 from pathlib import Path
@@ -227,3 +228,48 @@ def test_two_ranks_divide_the_loss_by_the_global_batch(tmp_path, loss_type):
             expected = sum(-a for a in hand["advantages"]) / 16
         assert rank["loss"] == pytest.approx(expected, abs=1e-6)
         assert rank["reward"] == pytest.approx((by_hand[0]["reward"] + by_hand[1]["reward"]) / 2, abs=1e-6)
+
+
+# ---- a user's reward module, as a new user brings one ----------------------------------------
+
+USER_REWARDS = '''\
+def always_one(completions, **kwargs):
+    return [1.0 for _ in completions]
+
+
+def needs_an_answer(completions, **kwargs):
+    return [float(kwargs["answer"][0] in c) for c in completions]
+'''
+GRPO_RUN = ("experiment=cpu_qwen3_tiny_grpo", "run.nproc_per_node=1", "checkpointing=[from_hf,periodic]",
+            "checkpoint.interval=2", "training.steps=2", "metrics.enable_tensorboard=false")  # fmt: skip
+
+
+@pytest.mark.integration
+def test_a_run_without_signal_says_so_and_resumes_from_another_shell_with_its_reward_module(tmp_path, assets):
+    """A reward module on PYTHONPATH, as the docs say; every completion scores 1, so no step has a
+    learning signal: the console says so at step 1 and summary.json counts the steps. The run,
+    extended from another directory in a shell without that PYTHONPATH, imports the same module."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, launch
+
+    module_dir = tmp_path / "my_rewards_dir"
+    module_dir.mkdir()
+    (module_dir / "user_rewards.py").write_text(USER_REWARDS)
+    run_dir = tmp_path / "run"
+    first = launch(run_dir, *GRPO_RUN, "grpo.rewards=[user_rewards.always_one]", env={"PYTHONPATH": str(module_dir)})
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    said = [line for line in first.stdout.splitlines() if "no learning signal" in line]
+    assert said[0].startswith("[qwen3-neuron]  no learning signal at step 1: every group's completions scored alike")
+    assert json.loads((run_dir / "summary.json").read_text())["no_signal_steps"] == 2
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    resumed = subprocess.run([sys.executable, str(REPO / "launch.py"), f"run.resume={run_dir}", "training.steps=3"],
+                             cwd=elsewhere, env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["steps"], summary["no_signal_steps"]) == ("completed", 3, 3)
+    assert list(elsewhere.iterdir()) == []  # nothing written where the resume was typed

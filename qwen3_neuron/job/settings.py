@@ -147,6 +147,11 @@ class RunSettings:
     eval.<task>.<metric> with eval=lm_eval (e.g. eval.tiny_chat_answer.exact_match).
     val_loss: the last validation loss (needs a validation set: data.val_files or data.val_fraction)."""
 
+    python_path: list[str] | None = None
+    """Directories the workers import from before the installed packages (your reward modules and
+    kernels); null: where launch.py runs, then $PYTHONPATH. Recorded in job.yaml at the first
+    launch, so a resume from another directory or shell imports what the run imported."""
+
     show_data: int = 0
     """> 0: print rank 0's first N packed training samples as text (spans without loss marked),
     then stop: nothing is trained, no torchrun."""

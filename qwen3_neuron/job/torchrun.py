@@ -65,8 +65,9 @@ def worker_launch(job: Job, run_dir: Path) -> WorkerLaunch:
         sys.executable, "-m", runner, *torchrun_args(settings.run, nproc, run_dir),
         "-m", "qwen3_neuron.worker.train", str(run_dir),
     ]  # fmt: skip
-    # user kernels importable from where launch.py runs are importable in the workers too
-    env = {**devices.worker_env(device, nproc), **devices.compiler_env(device), "PYTHONPATH": _worker_pythonpath()}
+    # user kernels and rewards importable where the run was first launched are importable in the workers too
+    env = {**devices.worker_env(device, nproc), **devices.compiler_env(device),
+           "PYTHONPATH": os.pathsep.join(settings.run.python_path or launch_python_path())}  # fmt: skip
     if device == "neuron":  # settled with the job; recorded in command.sh, even when it was exported
         env[devices.NEFF_CACHE_ENV] = settings.device.cache_dir
     return WorkerLaunch(nproc, command, env)
@@ -86,9 +87,10 @@ def compile_cache_line(requested: str | None, launch: WorkerLaunch) -> str | Non
     )
 
 
-def _worker_pythonpath() -> str:
-    inherited = os.environ.get("PYTHONPATH")
-    return os.pathsep.join([os.getcwd(), inherited] if inherited else [os.getcwd()])
+def launch_python_path() -> list[str]:
+    """Where this launch imports from besides the installed packages: its directory, then $PYTHONPATH."""
+    inherited = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return list(dict.fromkeys([os.getcwd(), *map(os.path.abspath, inherited)]))
 
 
 def torchrun_args(run, nproc: int, run_dir: Path) -> list[str]:
