@@ -127,3 +127,78 @@ def test_saved_tensors_are_counted_in_the_first_steps_only_and_later_steps_run_u
     meter.peak_bytes = 0
     trainer.forward_backward_step(x).backward()
     assert meter.peak_bytes == 0  # not measured any more
+
+
+# ---- the estimate's terms, each held by the arithmetic of the shapes it counts ------------------
+
+
+def _estimate(tmp_path, *overrides: str, logprobs: bool):
+    """The estimate of a planned job's trainer config, as the SFT loss (cross-entropy) or as
+    DPO's / GRPO's per-token log-probabilities (`logprobs`)."""
+    from qwen3_neuron.job.checks.memory import estimate_memory
+
+    plan = plan_of(compose_job(*overrides), tmp_path / "run")
+    config, ranks = plan.trainer_config, plan.world_size
+    return config, estimate_memory(config, ranks, "cpu", ranks, meta_model(config), logprobs=logprobs)
+
+
+def test_a_cpu_rank_is_credited_with_its_share_of_the_nodes_memory(tmp_path, assets):
+    import os
+
+    node = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    for ranks in (1, 2):
+        memory = plan_of(compose_job("model.flavor=tiny", f"run.nproc_per_node={ranks}"), tmp_path / f"{ranks}").memory
+        assert memory.ranks_per_node == ranks and memory.device_gib == pytest.approx(node / ranks, rel=1e-12)
+
+
+def test_the_log_probability_path_counts_its_own_copies_of_a_loss_chunks_logits(tmp_path, assets):
+    """One rank, no FSDP: the lm_head's and the loss's working memory is the loss chunk's alone."""
+    from qwen3_neuron.job.checks.memory import FLOAT32, LOGPROB_LOGIT_COPIES, LOSS_LOGIT_COPIES
+
+    overrides = ("model.flavor=tiny", "run.nproc_per_node=1")
+    config, cross_entropy = _estimate(tmp_path, *overrides, logprobs=False)
+    _, logprobs = _estimate(tmp_path, *overrides, logprobs=True)
+    assert LOGPROB_LOGIT_COPIES < LOSS_LOGIT_COPIES
+    chunk = config.training.local_batch_size * config.training.seq_len // config.loss.num_chunks
+    extra = (LOSS_LOGIT_COPIES - LOGPROB_LOGIT_COPIES) * chunk * config.model_spec.model.vocab_size * FLOAT32
+    assert (cross_entropy.logits_gib - logprobs.logits_gib) * GIB == pytest.approx(extra, rel=1e-9)
+
+
+def test_log_probabilities_hold_no_activations_at_the_lm_heads_gradient_reduce(tmp_path, assets):
+    """FSDP over 2 ranks, short sequences: the trained lm_head's gradient reduce is the peak. The
+    SFT loss's step still holds the activations then; the log-probability path's (DPO, GRPO) none."""
+    from qwen3_neuron.job.checks.memory import REDUCE_SCATTER
+
+    overrides = ("model.flavor=tiny", "run.nproc_per_node=2", "training.seq_len=16", "training.local_batch_size=1")
+    _, cross_entropy = _estimate(tmp_path, *overrides, logprobs=False)
+    _, logprobs = _estimate(tmp_path, *overrides, logprobs=True)
+    for memory, held in ((cross_entropy, cross_entropy.activations_gib), (logprobs, 0.0)):
+        assert memory.peak_at == REDUCE_SCATTER and memory.activations_gib > 0
+        static = memory.parameters_gib + memory.optimizer_gib + memory.gradients_gib
+        assert memory.per_rank_gib == pytest.approx(static + memory.logits_gib + held, rel=1e-12)
+
+
+def test_a_lora_runs_reference_is_its_adapters_turned_off_not_a_copy(tmp_path, assets):
+    full = plan_of(compose_job("experiment=cpu_qwen3_tiny_dpo", "finetune=full"), tmp_path / "full").memory
+    lora = plan_of(compose_job("experiment=cpu_qwen3_tiny_dpo"), tmp_path / "lora").memory  # finetune=lora
+    assert full.reference_gib == full.parameters_gib > 0
+    assert lora.reference_gib == 0 and lora.parameters_gib > 0
+
+
+def test_grpos_generation_counts_the_lm_head_fsdp_gathers(tmp_path, assets):
+    """Sampling runs the lm_head on every new token: FSDP gathers its whole [vocab, dim] weight in
+    the compute dtype, which a model on one rank without FSDP already holds."""
+    from types import SimpleNamespace
+
+    from qwen3_neuron.job.checks.memory import DTYPE_BYTES, GrpoMemory, _grpo_bytes, _Shape
+    from qwen3_neuron.models.tiny import TINY_DENSE as T
+
+    config = plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo"), tmp_path / "run").trainer_config
+    shape = _Shape(backend="native", n_layers=T["num_hidden_layers"], dim=T["hidden_size"], vocab=T["vocab_size"],
+                   n_heads=T["num_attention_heads"], n_kv_heads=T["num_key_value_heads"], head_dim=T["head_dim"],
+                   ffn_hidden=T["intermediate_size"])  # fmt: skip
+    grpo = GrpoMemory(kv_cache=True, completions=8, kept_logprobs=0)
+    generation = {shards: _grpo_bytes(config, shape, SimpleNamespace(pp=1, tp=1, cp=1, dp_shard=shards), "cpu", grpo)[0]
+                  for shards in (1, 2)}  # fmt: skip
+    head = shape.vocab * shape.dim * DTYPE_BYTES[config.training.mixed_precision_param]
+    assert generation[2] - generation[1] == head
