@@ -43,6 +43,11 @@ class JobFailed(Qwen3NeuronError, RuntimeError):
     """Raised to Hydra's sweeper for a failed job when the sweep should stop."""
 
 
+class RewardError(Qwen3NeuronError, RuntimeError):
+    """A GRPO reward function (the user's code) failed on a batch; the message names it, the line
+    of its own that raised, and the completion."""
+
+
 class NkiUnavailableError(Qwen3NeuronError, ImportError):
     """NKI kernels were asked for where NKI / torch-neuronx cannot be imported."""
 
@@ -53,4 +58,6 @@ def user_error_label(error: BaseException) -> str | None:
         return "Data error"
     if isinstance(error, ConfigError):
         return "Config error"
+    if isinstance(error, RewardError):
+        return "Reward error"
     return None

@@ -273,3 +273,22 @@ def test_a_run_without_signal_says_so_and_resumes_from_another_shell_with_its_re
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["status"], summary["steps"], summary["no_signal_steps"]) == ("completed", 3, 3)
     assert list(elsewhere.iterdir()) == []  # nothing written where the resume was typed
+
+
+@pytest.mark.integration
+def test_a_reward_that_raises_is_said_once_at_the_users_own_line(tmp_path, assets):
+    """The user's reward raises: the console says so once, as the user's mistake (exit code 2), at
+    the line of their file that raised, with no frame of the project's; summary.json keeps it."""
+    from conftest import launch
+
+    (tmp_path / "user_rewards.py").write_text(USER_REWARDS)
+    run_dir = tmp_path / "run"
+    result = launch(run_dir, *GRPO_RUN, "training.steps=1", "checkpointing=from_hf",
+                    "grpo.rewards=[user_rewards.needs_an_answer]", env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    console = result.stdout + result.stderr
+    said = (f"Reward error: reward user_rewards.needs_an_answer raised KeyError: 'answer' at {tmp_path}/user_rewards.py, "
+            "line 6: return [float(kwargs[\"answer\"][0] in c) for c in completions] on completion 0 (prompt ")
+    assert result.returncode == 2 and console.count(said) == 1, console[-3000:]
+    assert 'File "' not in console  # no traceback: train.log keeps it
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["error"].startswith(said)) == ("failed", True)

@@ -11,7 +11,8 @@ and a completion no function applies to gets no advantage. So a TRL reward funct
 unchanged.
 
 A function that raises, returns the wrong number of rewards or a value that is not a number
-stops the run with a sentence naming it and the completion (and its prompt).
+stops the run with a sentence naming it, the line of its own that raised, and the completion
+(and its prompt): a `Reward error`, the user's to fix, said once on the console (exit code 2).
 """
 
 from __future__ import annotations
@@ -19,20 +20,17 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from qwen3_neuron.errors import ConfigError, Qwen3NeuronError
+from qwen3_neuron.errors import ConfigError, RewardError
 
 
 TRL_ARGUMENTS = {"prompts", "completions", "completion_ids"}  # what every call hands besides the columns
-
-
-class RewardError(Qwen3NeuronError, RuntimeError):
-    """A reward function failed on a batch; the message names it and the completion."""
 
 
 def load_reward(name: str, key: str = "grpo.rewards") -> Callable:
@@ -117,7 +115,7 @@ def _call(name, function, prompts, completions, completion_ids, columns) -> list
     except Exception as e:
         row = _first_failing_row(function, prompts, completions, completion_ids, columns)
         where = f" on completion {row} (prompt {_short(prompts[row])}, completion {_short(completions[row])})" if row is not None else ""
-        raise RewardError(f"reward {name} raised {type(e).__name__}: {e}{where}") from e
+        raise RewardError(f"reward {name} raised {type(e).__name__}: {e}{_own_line(function, e)}{where}") from e
     if len(values) != count:
         raise RewardError(f"reward {name} returned {len(values)} rewards for {count} completions: it must return "
                           "one per completion (None where it does not apply).")  # fmt: skip
@@ -131,6 +129,17 @@ def _call(name, function, prompts, completions, completion_ids, columns) -> list
             raise RewardError(f"reward {name} returned {value!r} for completion {row} (prompt {_short(prompts[row])}, "
                               f"completion {_short(completions[row])}): a reward is a finite number or None.")  # fmt: skip
     return rewards
+
+
+def _own_line(function: Callable, error: Exception) -> str:
+    """Where the function's own file raised (the innermost such frame: the user's line, not a
+    library's it called), as " at FILE, line N: CODE"; "" when none of its frames is there."""
+    source = inspect.getsourcefile(inspect.unwrap(function))
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" at {frame.filename}, line {frame.lineno}" + (f": {frame.line.strip()}" if frame.line else "")
 
 
 def _first_failing_row(function, prompts, completions, completion_ids, columns) -> int | None:

@@ -81,7 +81,7 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "peak_flops_source": peak["source"] if peak else None,
         "ranks": peak["ranks"] if peak else None,
         **what_ran(run_dir),
-        **{key: failure[key] for key in ("error", "last_checkpoint") if key in failure},
+        **{key: failure[key] for key in ("error", "last_checkpoint", "user_error") if key in failure},
         **extra,
     }
     if status == "failed" and not summary["error"]:  # no failure.json: not a Python error on rank 0
@@ -252,6 +252,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"compiled ({compiled['backend']}): {compiled['graphs']} graph(s) on {compiled['ranks_with_graphs']} "
                      f"rank(s), {compiled['recompiles']} recompile(s), {compiled['compile_seconds']:.1f} s compiling")  # fmt: skip
     for key, label in (("export_dir", "HF export"), ("adapter_dir", "PEFT adapter"), ("error", "error")):
+        if key == "error" and summary.get("user_error"):
+            continue  # the user's mistake (Data error, Reward error, ...): said once, when the workers stopped
         if summary.get(key):
             lines.append(f"{label}: {summary[key]}")
     scores = [f"{task} {metric} {value:.4g}" for task, metrics in (summary.get("eval") or {}).items()
@@ -283,6 +285,9 @@ def data_lines(stats: dict[str, Any]) -> list[str]:
         line += (f"; packing efficiency {stats['packing_efficiency']:.4f} (the share of tokens that is not padding); "
                  f"{stats.get('buffered_documents', 0):,} documents read but not trained on (still buffered)")  # fmt: skip
     lines = [line]
+    if stats.get("pass_rows") and rows > stats["pass_rows"]:  # rows read again: say so, with how often
+        lines.append(f"data: went round: {stats['pass_rows']:,} rows, {rows / stats['pass_rows']:.2f} passes over "
+                     "them (each pass reshuffled)")  # fmt: skip
     if rows and (dropped + skipped) / rows > WARN_NOT_TRAINED:
         lines.append(f"data: warning: {100 * (dropped + skipped) / rows:.1f} % of the rows read are not trained "
                      f"(above {100 * WARN_NOT_TRAINED:.0f} %); data.max_dropped sets the share that stops a run")  # fmt: skip
