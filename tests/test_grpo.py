@@ -238,6 +238,31 @@ def test_a_prompt_row_becomes_a_padded_sample_with_its_columns(assets):
     assert json.loads(input_dict[ROW]) == first_row  # every column reaches the rewards
 
 
+def test_a_prompt_of_exactly_seq_len_tokens_leaves_no_room_and_is_refused_or_dropped(assets, tmp_path):
+    """The plan refuses a first row that leaves no room for grpo.max_completion_length (>= 1); a
+    later one that fills training.seq_len is dropped and counted, one token shorter is kept."""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    from qwen3_neuron.data.data_checks import _check_prompts
+    from qwen3_neuron.data.dataset import PackedDataset
+    from qwen3_neuron.data.prompts import prompt_tokens
+    from qwen3_neuron.data.source import DataSource
+    from qwen3_neuron.errors import ConfigError
+
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(assets.tiny_qwen3_dir))
+    files = tmp_path / "prompts.jsonl"
+    files.write_text(json.dumps({"prompt": "Count the digits in 12345."}) + "\n")
+    source = DataSource(format="prompts", files=str(files), max_dropped=None)
+    length = len(prompt_tokens(tokenizer, {"prompt": "Count the digits in 12345."}, source))
+    with pytest.raises(ConfigError, match=f"the prompt is {length} tokens, and grpo.max_completion_length=1 more"):
+        _check_prompts(source, tokenizer, seq_len=length, completion_tokens=1)
+    _check_prompts(source, tokenizer, seq_len=length + 1, completion_tokens=1)
+    full = PackedDataset(source, tokenizer, seq_len=length, infinite=False)
+    assert list(full) == [] and (full.stats["dropped"], full.stats["documents"]) == (1, 0)
+    roomy = PackedDataset(source, tokenizer, seq_len=length + 1, infinite=False)
+    assert len(list(roomy)) == 1 and (roomy.stats["dropped"], roomy.stats["documents"]) == (0, 1)
+
+
 def test_only_completion_tokens_are_trained():
     from qwen3_neuron.finetune.grpo_step import completion_labels
 
