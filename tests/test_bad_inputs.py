@@ -182,6 +182,11 @@ PLAN_TIME = [
      ["grpo.rewards[0]: qwen3_neuron.finetune.rewards.exact_answer reads the column 'answer' of each row, which the "
       "first rows of ", "lack (their columns besides the prompt: chosen, rejected)"]),
     ([*GRPO, "grpo.loss_type=ppo"], ["grpo.loss_type", "'dapo'", "'dr_grpo'"]),
+    ([*GRPO, "training.seq_len=63"], ["training.seq_len=63 is not divisible by 2: model=hf (torchtitan's Transformers "
+                                      "backend) takes a multiple of", "e.g. 64."]),
+    ([*GRPO, "data.files={bad}/dict_prompts.jsonl"],
+     ["line 1: data.prompt_field=prompt: the prompt is one message, not a list of them; a prompt is a list of "
+      'messages ([{"role": "user", "content": "..."}]) or a string']),
     (["data=chat", "grpo.beta=0.1"], ["grpo.beta applies to data=prompts (this is data=chat)"]),
 ]  # fmt: skip
 
@@ -198,6 +203,8 @@ def bad_data(assets):
     """The files the data rows name, in the session's cache dir."""
     BAD_DATA.mkdir(exist_ok=True)
     (BAD_DATA / "empty.jsonl").write_text("")
+    prompt = {"prompt": {"role": "user", "content": "What is 2 + 2?"}}  # a message where a list of them belongs
+    (BAD_DATA / "dict_prompts.jsonl").write_text("\n".join(json.dumps(prompt) for _ in range(3)) + "\n")
     (BAD_DATA / "notes.docx").write_text("not a format datasets reads")
     def turn(role, text):
         return {"role": role, "content": text}

@@ -31,6 +31,10 @@ def prompt_tokens(tokenizer, row: Mapping[str, Any], source) -> list[int]:
         raise ChatFormatError(f"data.prompt_field={field}: the row has no prompt (its columns: {', '.join(sorted(row))})")
     if isinstance(prompt, str):
         return tokenizer.encode(prompt, add_bos=True, add_eos=False)
+    if not isinstance(prompt, list):
+        shape = "one message, not a list of them" if isinstance(prompt, Mapping) else f"a {type(prompt).__name__}"
+        raise ChatFormatError(f"data.prompt_field={field}: the prompt is {shape}; a prompt is a list of messages "
+                              '([{"role": "user", "content": "..."}]) or a string')  # fmt: skip
     messages = row_conversation({"_listed": list(prompt)}, _as_chat(source), check=False).messages
     if messages[-1]["role"] == "assistant":
         raise ChatFormatError(f"data.prompt_field={field}: the prompt ends with an assistant turn; the "

@@ -198,6 +198,14 @@ def _check_sequence_split(dims, shape: ModelShape, config) -> None:
             f"parallel shards the attention mask in whole blocks. Use a multiple of {divisor}, e.g. "
             f"{_round_up(seq_len, divisor)}."
         )
+    if shape.hf and seq_len % dims.seq_len_divisor:  # the Transformers backend's parallelize asserts it, CP or not
+        divisor = dims.seq_len_divisor
+        raise ConfigError(
+            f"training.seq_len={seq_len} is not divisible by {divisor}: model=hf (torchtitan's Transformers "
+            f"backend) takes a multiple of parallelism.tensor_parallel_degree={dims.tp} x 2 x "
+            f"parallelism.context_parallel_degree={dims.cp}, with context parallel or without. Use a multiple of "
+            f"{divisor}, e.g. {_round_up(seq_len, divisor)}."
+        )
     tp = dims.tp if sequence_parallel else 1
     divisor = tp * (2 * dims.cp if dims.cp > 1 else 1)
     if seq_len % divisor == 0:
