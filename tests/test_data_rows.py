@@ -150,7 +150,7 @@ def test_the_plan_says_what_the_first_rows_lose_at_this_seq_len(tmp_path, assets
     said = []
     plan_of(compose_job("data=chat", f"data.files={path}", "data.val_files=null", "training.seq_len=100",
                           "data.max_dropped=0.5"), tmp_path / "run", warn=said.append)  # fmt: skip
-    assert [line for line in said if " data: " in line] == [
+    assert [line for line in said if " data: of " in line] == [
         f"[qwen3-neuron] data: of the 4 rows of {path} at training.seq_len 100, 1 would be truncated, 1 dropped "
         f"and 0 skipped (e.g. {path} line 2: the prompt alone is 132 tokens (before its first assistant token), "
         f"training.seq_len 100: cut there, nothing of it would be trained; {path} line 3: 151 tokens, cut to "
@@ -171,7 +171,7 @@ def test_one_bad_row_among_the_first_rows_is_skipped_and_counted_by_the_plan_and
     path = write_jsonl(tmp_path / "chats.jsonl", rows)
     said = []
     plan_of(compose_job("data=chat", f"data.files={path}", "data.val_files=null"), tmp_path / "run", warn=said.append)
-    assert [line for line in said if " data: " in line] == [
+    assert [line for line in said if " data: of " in line] == [
         f"[qwen3-neuron] data: of the first 64 rows of {path} at training.seq_len 256, 0 would be truncated, 0 "
         f"dropped and 1 skipped (e.g. {path} line 10: no assistant turn: nothing to train on (roles: system, user)); the run counts "
         "them as it goes, against data.max_dropped=0.1"
@@ -276,3 +276,44 @@ def test_a_skipped_parquet_row_is_named_by_its_row_in_the_file_on_every_rank(tmp
     assert skipped.startswith(f"row 9 of {path}: ") and "wizard" in skipped
     row, where = second_half._read(next(iter(second_half._original_data)))
     assert (sorted(row), where) == (["messages"], f"row 7 of {path}")
+
+
+def test_the_plan_says_when_the_data_goes_round_and_what_it_knows_when_it_cannot_tell(tmp_path, assets):
+    """From the first rows only: all of a small file's rows (the steps' prompts over its rows),
+    or, past the rows the plan reads, the rows the steps take."""
+    from conftest import compose_job, plan_of
+
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"What is {i}?"}]}
+                                                       for i in range(40)])  # fmt: skip
+    said = []  # 12 steps x 2 ranks x (8 completions / 4 a prompt)
+    plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo", f"data.files={prompts}"), tmp_path / "run", warn=said.append)
+    assert [line for line in said if " data: " in line] == [
+        f"[qwen3-neuron] data: the data goes round: the run's steps take 48 prompts, and the 40 rows of {prompts} "
+        "make about 40: about 1.20 passes over them (each pass reshuffled)"
+    ]
+    chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 65)  # one row past the first rows
+    said = []
+    plan_of(compose_job("data=chat", f"data.files={chats}", "data.val_files=null", "training.steps=10"),
+            tmp_path / "run2", warn=said.append)  # fmt: skip
+    assert [line for line in said if " data: " in line] == [
+        f"[qwen3-neuron] data: the run's steps take 80 samples, about 233 rows at the first 64 rows' 2.91 rows a "
+        f"sample; the plan reads the first rows only, so whether {chats} goes round is said at the end of the run"
+    ]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_the_end_of_a_run_says_the_data_went_round_and_how_often(tmp_path, tokenizer, streaming):
+    """A rank that read its rows again: its share's size and the passes, in the end-of-run lines."""
+    from qwen3_neuron.report.summary import data_lines
+
+    path = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 8)
+    dataset = PackedDataset(chat(path, packing="none"), tokenizer, seq_len=64, streaming=streaming)
+    samples = iter(dataset)
+    for _ in range(10):  # a sample a row
+        next(samples)
+    stats = dataset.data_stats()
+    assert (stats["rows"], stats["pass_rows"]) == (10, 8)
+    assert data_lines(stats)[1] == "data: went round: 8 rows, 1.25 passes over them (each pass reshuffled)"
+    once = PackedDataset(chat(path, packing="none"), tokenizer, seq_len=64, streaming=streaming, infinite=False)
+    list(once)
+    assert not [line for line in data_lines(once.data_stats()) if "went round" in line]

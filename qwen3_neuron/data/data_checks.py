@@ -22,7 +22,7 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conversation
 from qwen3_neuron.data.dataset import document_fate, pair_fate
 from qwen3_neuron.data.loader import PackedDataLoader
-from qwen3_neuron.data.packing import document
+from qwen3_neuron.data.packing import Packer, document
 from qwen3_neuron.data.preference import pair_tokens, row_pair
 from qwen3_neuron.data.prompts import prompt_field, prompt_tokens
 from qwen3_neuron.data.row_loading import RowError, first_rows, is_validation_row
@@ -49,13 +49,14 @@ def _check_hub_cache(repo_id: str, key: str) -> None:
 
 def check_data(
     config: Trainer.Config, world_size: int, completion_tokens: int = 0, warn: Callable[[str], None] = print,
-    rewards=None,
+    rewards=None, samples_taken: int = 0,
 ) -> None:  # fmt: skip
     """Raise ConfigError on a data section the workers could not train on. data=prompts:
     `completion_tokens` is the room each prompt must leave in training.seq_len
     (grpo.max_completion_length), and `rewards` (`finetune.reward_calls.Rewards`) checks the
     columns its functions read against the first rows'. `warn` gets what the first rows showed
-    that the user should know (rows dropped at this seq_len)."""
+    that the user should know (rows dropped at this seq_len; with `samples_taken`, the samples the
+    run's steps take, all ranks together (data=prompts: prompts), whether the rows go round)."""
     loader = config.dataloader
     if getattr(loader, "dataset", None) in HUB_REGISTERED and not loader.dataset_path:
         _check_hub_cache(HUB_REGISTERED[loader.dataset], f"dataloader.dataset={loader.dataset}")
@@ -69,11 +70,13 @@ def check_data(
             raise ConfigError(f"{key}.max_dropped={source.max_dropped}: a share of the rows read, in [0, 1) "
                               "(0.1: a tenth), or null for no limit")  # fmt: skip
         if source.format == "prompts":
-            rows = _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens, key=key, warn=warn)
+            rows = _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens, key=key, warn=warn,
+                                  taken=samples_taken if len(loader.sources) == 1 else 0)
             if rewards is not None:
                 rewards.check_columns({name for row in rows for name in row} - {prompt_field(source)}, source.name())
             continue
-        rows = _check_source(source, key, f"{key}.files", tokenizer, config.training.seq_len, warn)
+        rows = _check_source(source, key, f"{key}.files", tokenizer, config.training.seq_len, warn,
+                             samples_taken if len(loader.sources) == 1 else 0)  # data=mix: shares of unknown size
         if source.val_fraction:
             _check_carve(rows, source, key, world_size)
     validator = config.validator
@@ -111,16 +114,18 @@ def _check_vocab(tokenizer, config: Trainer.Config) -> None:
         )
 
 
-def _check_source(source: DataSource, key: str, files_key: str, tokenizer, seq_len: int, warn) -> list[dict]:
+def _check_source(
+    source: DataSource, key: str, files_key: str, tokenizer, seq_len: int, warn, taken: int = 0
+) -> list[dict]:
     where = source.hf_dataset or files_key
-    placed = first_rows(source, PEEK_ROWS, files_key)
+    placed, whole = _first_rows(source, files_key)
     if not placed:
         raise ConfigError(f"{where}: no rows in {source.name()}")
     rows = [row for row, _ in placed if not isinstance(row, RowError)]  # malformed ones: skipped, counted below
     present = {name for row in rows for name in row}  # rows as data sets ship them: not every row has every key
     columns = ", ".join(sorted(present))
     if not rows:  # not one row to look for columns in: the refusal names why each is unreadable
-        _check_fates(source, key, placed, None, seq_len, warn)
+        _check_fates(source, key, placed, whole, None, seq_len, warn)
     if source.format == "text":
         if source.text_field not in present:
             raise ConfigError(f"{key}.text_field={source.text_field} is not a column of {source.name()}; "
@@ -132,7 +137,7 @@ def _check_source(source: DataSource, key: str, files_key: str, tokenizer, seq_l
             tokens = tokenizer.encode(text, add_bos=True, add_eos=True)
             return document_fate(tokens, [True] * len(tokens), seq_len, source.overlong)
 
-        _check_fates(source, key, placed, text_fate, seq_len, warn)
+        _check_fates(source, key, placed, whole, text_fate, seq_len, warn, taken)
         return rows
     instruction = () if source.format == "preference" else ("prompt_field", "response_field")  # preference: prompt optional
     for field_key in instruction:
@@ -163,33 +168,44 @@ def _check_source(source: DataSource, key: str, files_key: str, tokenizer, seq_l
     else:
         def fate(row):
             return document_fate(*renderer.tokens(row_conversation(row, source)), seq_len, source.overlong)
-    _check_fates(source, key, placed, fate, seq_len, warn)
+    _check_fates(source, key, placed, whole, fate, seq_len, warn, taken)
     return rows
 
 
-def _check_fates(source: DataSource, key: str, placed: list[tuple[dict | RowError, str]], fate, seq_len: int,
-                 warn) -> None:  # fmt: skip
+def _first_rows(source: DataSource, files_key: str) -> tuple[list[tuple[dict | RowError, str]], bool]:
+    """The first PEEK_ROWS rows, and whether they are all the source's rows (one more is looked for)."""
+    placed = first_rows(source, PEEK_ROWS + 1, files_key)
+    return placed[:PEEK_ROWS], len(placed) <= PEEK_ROWS
+
+
+def _check_fates(source: DataSource, key: str, placed: list[tuple[dict | RowError, str]], whole: bool, fate,
+                 seq_len: int, warn, taken: int = 0) -> None:  # fmt: skip
     """Each first row as the workers will take it at `seq_len` (`fate(row)`: `document_fate`'s
     answer, or ChatFormatError), under the workers' row policy: a row that cannot be read as the
     data kind's row is skipped, one too long dropped, each counted with why; said, and refused
-    when none of the rows is left or more than data.max_dropped of them are not."""
+    when none of the rows is left or more than data.max_dropped of them are not. `taken`: the
+    samples the run's steps take (`_say_passes`)."""
     fates: dict[str, list[str]] = {"truncated": [], "dropped": [], "split": [], "skipped": []}
     lost: list[str] = []  # dropped or skipped, in row order
+    kept = []  # what the packer gets of each row kept
     for row, where in placed:
+        fitted = None
         if isinstance(row, RowError):
             what, said = "skipped", str(row)  # it names where
         else:
             try:
-                _, what, why = fate(row)
+                fitted, what, why = fate(row)
             except ChatFormatError as e:
                 what, why = "skipped", str(e)
             said = f"{where}: {why}"
+        if fitted is not None:
+            kept.append(fitted)
         if what:
             fates[what].append(said)
         if what in ("dropped", "skipped"):
             lost.append(said)
     read, dropped, skipped, truncated = len(placed), len(fates["dropped"]), len(fates["skipped"]), len(fates["truncated"])
-    first = f"the first {read} rows of {source.name()}" if read == PEEK_ROWS else f"the {read} rows of {source.name()}"
+    first = f"the {read} rows of {source.name()}" if whole else f"the first {read} rows of {source.name()}"
     named = "; ".join(lost[:NAMED_ROWS])
     counted = f"{dropped} dropped (too long for training.seq_len={seq_len}), {skipped} skipped (cannot be read as rows of data.kind={source.format})"
     if not skipped and dropped == read:
@@ -213,15 +229,44 @@ def _check_fates(source: DataSource, key: str, placed: list[tuple[dict | RowErro
         warn(f"[qwen3-neuron] data: of {first} at training.seq_len {seq_len}, {truncated} would be truncated, "
              f"{dropped} dropped and {skipped} skipped (e.g. {said}); the run counts them as it goes, against "
              f"{key}.max_dropped={limit}")  # fmt: skip
+    if taken:
+        _say_passes(source, len(placed), whole, kept, seq_len, taken, warn)
+
+
+def _say_passes(source: DataSource, read: int, whole: bool, kept: list, seq_len: int, taken: int, warn) -> None:
+    """How far the run's steps go into the rows, from the first rows alone (never a scan): the
+    samples the first rows make, packed as the workers pack them; when they are all the rows,
+    how many passes over them the steps take (the data goes round), else the rows the steps read."""
+    if source.format == "prompts":
+        samples = len(kept)  # a prompt a sample
+    else:
+        packer = Packer(seq_len, 0, "flow" if source.format == "text" and source.overlong == "split" else source.packing,
+                        source.pack_buffer)  # fmt: skip
+        samples = sum(len(packer.add_together(doc) if source.format == "preference" else packer.add(*doc)) for doc in kept)
+        samples += len(packer.flush())
+    if not samples:
+        return
+    unit = "prompts" if source.format == "prompts" else "samples"
+    if whole:  # every row of the source read (less a validation carve)
+        rows = read - sum(is_validation_row(i, source.val_fraction) for i in range(read)) if source.val_fraction else read
+        samples = samples * rows / read
+        if taken > samples:
+            warn(f"[qwen3-neuron] data: the data goes round: the run's steps take {taken:,} {unit}, and the {rows} "
+                 f"rows of {source.name()} make about {samples:.0f}: about {taken / samples:.2f} passes over them "
+                 "(each pass reshuffled)")  # fmt: skip
+        return
+    warn(f"[qwen3-neuron] data: the run's steps take {taken:,} {unit}, about {taken * read / samples:,.0f} rows at the "
+         f"first {read} rows' {read / samples:.2f} rows a sample; the plan reads the first rows only, so whether "
+         f"{source.name()} goes round is said at the end of the run")  # fmt: skip
 
 
 def _check_prompts(
     source: DataSource, tokenizer, seq_len: int, completion_tokens: int, files_key: str = "data.files", key: str = "data",
-    warn: Callable[[str], None] = print,
+    warn: Callable[[str], None] = print, taken: int = 0,
 ) -> list[dict]:
     """data=prompts: the prompt column there, and each first prompt leaving room for a completion."""
     where = source.hf_dataset or files_key
-    placed = first_rows(source, PEEK_ROWS, files_key)
+    placed, whole = _first_rows(source, files_key)
     if not placed:
         raise ConfigError(f"{where}: no rows in {source.name()}")
     field = prompt_field(source)
@@ -242,7 +287,7 @@ def _check_prompts(
                 f"{completion_tokens} more must fit in training.seq_len={seq_len}: raise training.seq_len to at "
                 f"least {length + completion_tokens} or lower grpo.max_completion_length."
             )
-    _check_fates(source, key, placed, lambda row: (prompt_tokens(tokenizer, row, source), None, ""), seq_len, warn)
+    _check_fates(source, key, placed, whole, lambda row: (prompt_tokens(tokenizer, row, source), None, ""), seq_len, warn, taken)
     return rows
 
 

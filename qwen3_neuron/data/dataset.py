@@ -9,7 +9,9 @@ the very next sample.
 
 Counts (`stats`): rows read, documents read, overlong documents truncated / dropped / split,
 rows skipped because they cannot be read (not JSON, not a conversation); and of the samples
-handed out, their tokens, the tokens with a loss and the padding. `data_stats()` adds the
+handed out, their tokens, the tokens with a loss and the padding; `pass_rows`, the rows of one
+pass over the rank's share (0 until it has been read to its end), which says how many times the
+rows went round (rows / pass_rows). `data_stats()` adds the
 documents still waiting in the packer and, for each fate but the plain one, its first few rows
 with where they are (file and 1-based line for JSON, 1-based row of the source for the other
 formats read map-style) and why, in words that say what to change.
@@ -41,6 +43,7 @@ from qwen3_neuron.errors import DataError
 
 STAT_NAMES = (
     "rows", "documents", "truncated", "dropped", "split", "skipped", "tokens", "label_tokens", "padding_tokens",
+    "pass_rows",
 )  # fmt: skip
 EXAMPLE_STATS = ("truncated", "dropped", "split", "skipped")  # the fates whose first rows are kept, with why
 EXAMPLES = 5  # rows kept per fate and rank
@@ -211,6 +214,8 @@ class PackedDataset(IterableDataset, Stateful):
                 self._check_max_dropped(pass_done=False)
                 yield from self._hand_out()
             self._check_max_dropped(pass_done=whole_pass and rows_this_epoch > 0)
+            if whole_pass:
+                self.stats["pass_rows"] = rows_this_epoch
             if whole_pass and rows_this_epoch and self.stats["documents"] == documents_before and self.infinite:
                 raise DataError(
                     f"data source {self.source.name()}: none of the {rows_this_epoch} rows of rank {self.rank} "

@@ -110,7 +110,7 @@ def make_plan(
     _check_local_paths(config)
     completion_tokens = settings.grpo.max_completion_length if settings.data.kind == "prompts" else 0
     # first rows only: fields, conversations, chat template, validation set, the columns the rewards read
-    check_data(config, world_size, completion_tokens, warn, rewards)
+    check_data(config, world_size, completion_tokens, warn, rewards, _samples_taken(config, settings, world_size))
     model_on_meta = meta_model(config)  # built once for the LoRA note, the counts and the estimate
     if settings.finetune.method == "lora":
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
@@ -203,6 +203,19 @@ def _check_lora_base(config: Trainer.Config, kind: str) -> None:
     )
 
 
+def starting_weights(config: Trainer.Config) -> str:
+    """Where the first step's weights come from, in words (the dry run's `weights:` line)."""
+    checkpoint = config.checkpoint
+    if not _loads_starting_weights(checkpoint):
+        seed = config.debug.seed
+        return (f"a random init ({'seed ' + str(seed) if seed is not None else 'unseeded'}): nothing loads "
+                "weights; checkpointing=from_hf starts from a model dir's safetensors")  # fmt: skip
+    source = checkpoint.initial_load_path or config.hf_assets_path
+    kind = "HF safetensors" if checkpoint.initial_load_in_hf else "a torchtitan checkpoint"
+    key = "checkpoint.initial_load_path" if checkpoint.initial_load_path else "model.hf_model"
+    return f"{source} ({kind}, {key}); a checkpoint of this run dir, when there is one, comes first"
+
+
 def _loads_starting_weights(checkpoint) -> bool:
     """DPO and GRPO start from a model that already answers: the run must load one."""
     return bool(checkpoint.enable and (checkpoint.initial_load_in_hf or checkpoint.initial_load_path))
@@ -252,6 +265,16 @@ def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int):
             f"{grpo.num_generations}: make it a multiple (e.g. training.local_batch_size={grpo.num_generations})."
         )
     return rewards
+
+
+def _samples_taken(config: Trainer.Config, settings, world_size: int) -> int:
+    """The samples the run's steps take from the data, all ranks together (data=prompts: the
+    prompts, each sampled grpo.num_generations times)."""
+    training = config.training
+    degrees = layout.resolve_degrees(config.parallelism, world_size)
+    samples = training.steps * training.local_batch_size * _accumulation_steps(config, world_size)
+    samples *= degrees.dp_replicate * degrees.dp_shard
+    return samples // settings.grpo.num_generations if settings.data.kind == "prompts" else samples
 
 
 def _accumulation_steps(config: Trainer.Config, world_size: int) -> int:
