@@ -212,13 +212,28 @@ def test_dry_run_records_the_run_and_starts_nothing(tmp_path, assets):
     out = result.stdout + result.stderr
     assert "[qwen3-neuron] override: 4 x model_spec.model.layers.*.attention.inner_attention" in out
     assert "[Override]" not in out and '"training": {' not in out
-    assert 5 <= len(out.splitlines()) <= 12, out
+    assert "[qwen3-neuron] weights: a random init (seed " in out  # the default job loads nothing
+    assert 5 <= len(out.splitlines()) <= 13, out
     assert len(set(out.splitlines())) == len(out.splitlines()), out
     assert out.splitlines()[-1].startswith("[qwen3-neuron] memory per rank: ")  # the verdict, last
     # nothing on the console a user has to learn to ignore: the project's own lines only;
     # torchtitan's warning of its own base config is kept in the run's log, off the screen
     assert [line for line in out.splitlines() if not line.startswith("[qwen3-neuron] ")] == [], out
     assert "initial_load_model_only=True has no effect" in (run_dir / "launch.log").read_text()
+
+
+def test_the_plan_names_the_weights_a_run_starts_from(tmp_path, assets):
+    """SFT -> DPO -> GRPO: each run starts from the export of the one before, and the dry run says which."""
+    from qwen3_neuron.job.plan import starting_weights
+
+    grpo = plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo"), tmp_path / "grpo").trainer_config
+    assert starting_weights(grpo) == (f"{assets.tiny_qwen3_dir} (HF safetensors, model.hf_model); a checkpoint of "
+                                      "this run dir, when there is one, comes first")  # fmt: skip
+    export = tmp_path / "dpo_run" / "hf_export"
+    shutil.copytree(assets.tiny_qwen3_dir, export)  # a DPO run's export, as export_hf writes it
+    chained = plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo", f"checkpoint.initial_load_path={export}"),
+                      tmp_path / "chained").trainer_config  # fmt: skip
+    assert starting_weights(chained).startswith(f"{export} (HF safetensors, checkpoint.initial_load_path)")
 
 
 def test_a_dry_run_shows_a_plan_that_does_not_fit_then_refuses_it(tmp_path, assets):

@@ -444,6 +444,7 @@ class _HydraJob:
 def _print_plan(plan: Plan, launch: WorkerLaunch, compile_cache: str | None, run_dir: Path, verbose: bool) -> None:
     """The plan, one line per fact; the memory verdict last (what a launch would be refused for)."""
     from qwen3_neuron.job.checks.layout import resolve_degrees  # torchtitan: imported by the plan already
+    from qwen3_neuron.job.plan import starting_weights
 
     config = plan.trainer_config
     if verbose:
@@ -460,6 +461,7 @@ def _print_plan(plan: Plan, launch: WorkerLaunch, compile_cache: str | None, run
     say(f"model: {config.model_spec.name} {config.model_spec.flavor} (model={settings.model.kind}), "
         f"{counts['total_parameters']:,} parameters, "
         + ("all trainable" if trainable == counts["total_parameters"] else f"{trainable:,} trainable"))  # fmt: skip
+    say(f"weights: {starting_weights(config)}")
     degrees = resolve_degrees(config.parallelism, plan.world_size)
     layout = ", ".join(
         f"{name} {getattr(degrees, name)}" for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
