@@ -37,7 +37,8 @@ CALLS: list[dict] = []  # every call of `first_is_answer`: what the step handed 
 
 def first_is_answer(prompts, completions, completion_ids, answer, **kwargs):
     """1 when the completion's first token is the row's answer: a reward that depends on the prompt."""
-    CALLS.append({"prompts": list(prompts), "completion_ids": [list(ids) for ids in completion_ids]})
+    CALLS.append({"prompts": list(prompts), "completions": list(completions),
+                  "completion_ids": [list(ids) for ids in completion_ids], "answer": list(answer)})  # fmt: skip
     return [float(text.split()[0] == expected) for text, expected in zip(completions, answer)]
 
 
@@ -154,6 +155,9 @@ def test_a_groups_completions_answer_one_prompt_end_at_im_end_and_train_to_it():
         assert trained[start:start + n] == completions[row][:n]
         assert all(label == -100 for j, label in enumerate(trained) if not start <= j < start + n)
         assert CALLS[0]["completion_ids"][row] == completions[row][:n]
+        # the text without the end of turn, as TRL decodes it; the row's own columns beside it
+        assert CALLS[0]["completions"][row] == " ".join(str(t) for t in completions[row][:n] if t != END)
+        assert CALLS[0]["answer"][row] == ANSWERS[name]
     metrics = step.step_metrics()
     assert metrics["grpo/completions/clipped_ratio"] == expected["clipped"]
     assert metrics["grpo/completions/mean_length"] == sum(expected["lengths"]) / 8
@@ -263,6 +267,7 @@ def test_a_run_without_signal_says_so_and_resumes_from_another_shell_with_its_re
     said = [line for line in first.stdout.splitlines() if "no learning signal" in line]
     assert said[0].startswith("[qwen3-neuron]  no learning signal at step 1: every group's completions scored alike")
     assert json.loads((run_dir / "summary.json").read_text())["no_signal_steps"] == 2
+    assert any(line.startswith("[qwen3-neuron]  step 2/2  reward 1.0000  loss ") for line in first.stdout.splitlines())
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -63,9 +63,15 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
     # which checkpoint: this launch's choice alone (the next resume takes the newest intact one again)
     load_step = composed["checkpoint"]["load_step"] if _typed("checkpoint.load_step", typed_overrides) else -1
     resumed.setdefault("checkpoint", {})["load_step"] = load_step
-    for section in ("eval", "tracking"):  # what to evaluate once training ends, where it is logged
-        if any(key.split(".")[0] == section for key in _typed_keys(typed_overrides)):
-            resumed[section] = composed[section]
+    if any(key.split(".")[0] == "eval" for key in _typed_keys(typed_overrides)):
+        resumed["eval"] = composed["eval"]  # what to evaluate once training ends
+    # where it is logged: `tracking=...` anew, `tracking.<key>=...` a change of the recorded choice
+    tracking = [key for key in _typed_keys(typed_overrides) if key.split(".")[0] == "tracking"]
+    if "tracking" in tracking:
+        resumed["tracking"] = composed["tracking"]
+    elif tracking:
+        changed = {key.split(".", 1)[1] for key in tracking}
+        resumed["tracking"] = {**recorded.get("tracking", {}), **{k: composed["tracking"].get(k) for k in changed}}
     return resumed
 
 
