@@ -3,6 +3,7 @@ through MLflow's own client; a store that is not there never stops training."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import socket
 import subprocess
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SWEEP_JOB, compose_job, launch, read_jsonl
+from conftest import REPO, SWEEP_JOB, compose_config, compose_job, launch, read_jsonl
 from mlflow.tracking import MlflowClient
 
 from qwen3_neuron.errors import ConfigError
@@ -71,7 +72,7 @@ def test_a_runs_step_metrics_are_its_metrics_jsonl_and_its_params_the_jobs_keys(
     tags = run.data.tags
     versions = json.loads((run_dir / "versions.json").read_text())
     assert (tags["status"], tags["model"], tags["device"]) == ("completed", "native tiny", "cpu")
-    assert tags["mlflow.source.git.commit"] == versions["git_sha"]
+    assert tags["mlflow.source.git.commit"] == versions["git_sha"] and tags["mlflow.user"] == getpass.getuser()
     assert run.info.status == "FINISHED" and run.info.run_name == "/".join(run_dir.parts[-2:])
     artifacts = {artifact.path for artifact in client.list_artifacts(run_id)}
     assert artifacts == {"job.yaml", "trainer_config.json", "summary.json"}
@@ -180,3 +181,23 @@ def test_a_run_without_tracking_never_imports_mlflow(tmp_path):
             "print('mlflow' in sys.modules)")  # fmt: skip
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert result.stdout == "False\n"
+
+
+def test_a_resume_keeps_the_recorded_tracking_unless_it_sets_tracking(tmp_path):
+    """A tracked run's resume logs on to its store without restating it; a resume may start
+    tracking an untracked run, or move it to another store."""
+    from omegaconf import OmegaConf
+
+    from qwen3_neuron.launch.resume import resumed_config
+
+    uri = "sqlite:///recorded.db"
+    OmegaConf.save(OmegaConf.create(compose_config("checkpointing=periodic", "tracking=mlflow", f"tracking.uri={uri}")),
+                   tmp_path / "job.yaml")  # fmt: skip
+    (tmp_path / "trainer_config.json").write_text("{}")
+    (tmp_path / "checkpoint" / "step-2").mkdir(parents=True)
+    (tmp_path / "checkpoint" / "step-2" / ".metadata").touch()
+    for typed, expected in [([], ("mlflow", uri)), (["tracking.uri=sqlite:///other.db"], ("mlflow", "sqlite:///other.db")),
+                            (["tracking=none"], ("none", None))]:  # fmt: skip
+        typed = [f"run.resume={tmp_path}", "training.steps=4", *typed]
+        tracking = resumed_config(tmp_path, compose_config(*typed), typed)["tracking"]
+        assert (tracking["kind"], tracking.get("uri")) == expected

@@ -20,6 +20,7 @@ MLflow is imported by tracking=mlflow runs only (seconds of imports).
 
 from __future__ import annotations
 
+import getpass
 import importlib.util
 import json
 import logging
@@ -56,8 +57,8 @@ class TrackingSettings:
     child per job) into an MLflow tracking store once its job ends."""
 
     uri: str | None = None
-    """The tracking store: a server's URL (http://host:5000), a database (sqlite:///mlflow.db) or a
-    folder; null: MLflow's own choice (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)."""
+    """The tracking store: a server's URL (http://host:5000) or a database (sqlite:///mlflow.db);
+    null: MLflow's own choice (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir)."""
 
     experiment: str = "qwen3-neuron"
     """The MLflow experiment the runs go to (made when it is not there)."""
@@ -122,7 +123,8 @@ def sweep_started(sweep_dir: Path, composed: Mapping[str, Any]) -> None:
         store = _Store(settings)
         experiment_id = store.experiment_id()
         name = settings.run_name or "/".join(sweep_dir.parts[-2:])
-        run = store.client.create_run(experiment_id, run_name=name, tags={"sweep_dir": str(sweep_dir)})
+        tags = {"sweep_dir": str(sweep_dir), **_user()}
+        run = store.client.create_run(experiment_id, run_name=name, tags=tags)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         write_json(sweep_dir / MLFLOW_RUN_FILE, store.record(experiment_id, run.info.run_id))
 
@@ -175,6 +177,8 @@ class _Store:
     def __init__(self, settings: TrackingSettings):
         for name, value in FAIL_FAST.items():
             os.environ.setdefault(name, value)
+        # a server's run: MLflow prints its own two "View run" lines; the launch's one line says it
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         import mlflow
         from mlflow.tracking import MlflowClient
 
@@ -245,7 +249,7 @@ def _new_run(store: _Store, run_dir: Path, sweep_dir: Path | None) -> dict[str, 
     name = store.settings.run_name
     if sweep_dir is not None:
         name = f"{name or '/'.join(sweep_dir.parts[-2:])}/{run_dir.name}"
-    tags = {"mlflow.parentRunId": parent["run_id"]} if parent else {}
+    tags = {**_user(), **({"mlflow.parentRunId": parent["run_id"]} if parent else {})}
     experiment_id = parent["experiment_id"] if parent else store.experiment_id()
     run = store.client.create_run(experiment_id, run_name=name or "/".join(run_dir.parts[-2:]), tags=tags)
     record = store.record(experiment_id, run.info.run_id)
@@ -285,6 +289,14 @@ def _tags(run_dir: Path, summary: dict[str, Any], job: Mapping[str, Any] | None)
         "run_dir": str(run_dir),
         "mlflow.source.git.commit": (read_json(run_dir / VERSIONS_FILE) or {}).get("git_sha"),
     }
+
+
+def _user() -> dict[str, str]:
+    """MLflow's own user tag (its UI's User column), as its fluent API sets it."""
+    try:
+        return {"mlflow.user": getpass.getuser()}
+    except (OSError, KeyError):  # no login name (a container's uid without a passwd entry)
+        return {}
 
 
 def _read_job(run_dir: Path) -> dict[str, Any] | None:
