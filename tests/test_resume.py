@@ -50,6 +50,7 @@ def test_the_same_seed_again_and_its_resume_after_kill_9_give_identical_losses(d
     size = shard.stat().st_size
     os.truncate(shard, size // 3)
     assert json.loads((run_dir / ".lock").read_text())["pid"]  # the killed launch's, left behind
+    cut_before_any_complete_one_says_to_start_again(run_dir, tmp_path / "cut")
 
     output = tmp_path / "resume.out"
     with output.open("w") as out:
@@ -80,10 +81,33 @@ def test_the_same_seed_again_and_its_resume_after_kill_9_give_identical_losses(d
     loaded = re.search(r"Loading the checkpoint from \S*step-(\d+)", (run_dir / "train.log").read_text())
     assert loaded and int(loaded.group(1)) == intact  # never the unfinished step-9, nor the damaged one
     assert f"continuing from checkpoint step-{intact} of {run_dir}" in printed
+    assert (f"warning: checkpoint {run_dir}/checkpoint/step-9 was cut while saving (no DCP .metadata, which is "
+            "written last: the run was killed or its disk filled while writing it); never loaded. The run continues "
+            f"from step-{newest}, the newest complete checkpoint.") in printed  # then found damaged: above
     after = range(intact + 1, STEPS + 1)
     assert [resumed[s] for s in after] == [uninterrupted[s] for s in after]
     assert "checkpointing=[periodic,export_hf]" in (run_dir / ".hydra" / "overrides.yaml").read_text()  # the first launch's
     extended_from_its_last_step_or_the_one_before_trains_alike(run_dir, tmp_path)
+
+
+def cut_before_any_complete_one_says_to_start_again(run_dir: Path, copy: Path) -> None:
+    """The killed periodic run as kill -9 during its first save leaves it: its only checkpoint has
+    no .metadata. Its resume names that checkpoint and says to start again, writing nothing."""
+    shutil.copytree(run_dir, copy)
+    first, *later = sorted((copy / "checkpoint").glob("step-*"), key=lambda p: int(p.name.removeprefix("step-")))
+    for path in later:
+        shutil.rmtree(path)
+    (first / ".metadata").unlink()
+    (copy / ".lock").unlink()  # the killed launch's: a launch takes it over and removes it
+    before = _files(copy)
+    result = launch(None, f"run.resume={copy}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert (f"Config error: run.resume={copy}: no complete checkpoint in {copy}/checkpoint: nothing to continue "
+            f"from. Its checkpoint {first} was cut while saving (no DCP .metadata, which is written last: the run was "
+            "killed or its disk filled while writing it), and it has no complete one before it. Start the run again: "
+            "the same command without run.resume, in a new run dir.") in result.stderr  # fmt: skip
+    assert "checkpointing=periodic" not in result.stderr  # it was on
+    assert _files(copy) == before
 
 
 def extended_from_its_last_step_or_the_one_before_trains_alike(run_dir: Path, tmp_path: Path) -> None:

@@ -8,15 +8,18 @@ data position and step. What the resuming command line may change: `run.*` but t
 to evaluate after training; a completed run is only evaluated: eval/completed_run.py), `tracking.*` (where
 the run is logged: with the recorded store, its MLflow run goes on); anything else it
 sets must equal the recorded value, or the plan refuses.
-A `step-N` folder without DCP's `.metadata` (written last) was cut short and is never picked,
-by torchtitan's own rule, which `complete_steps` mirrors to say where the run will continue; a
-complete one whose files do not match its `.metadata` is skipped too (`worker.checkpoint_check`).
+A `step-N` folder without DCP's `.metadata` (written last) was cut while saving (kill -9, a full
+disk) and is never picked, by torchtitan's own rule, which `complete_steps` mirrors to say where
+the run will continue: a newer one than that is named, and where no complete one is left the
+resume says to start again; a complete one whose files do not match its `.metadata` is skipped
+too (`worker.checkpoint_check`).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -39,16 +42,30 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
         raise ConfigError(f"run.resume={run_dir}: not a run dir of this project (no {JOB_FILE}).")
     recorded = read_job(run_dir)
     folder = checkpoint_folder(run_dir, recorded)
-    if not complete_steps(folder):
-        exported = recorded.get("checkpoint", {}).get("last_save_in_hf")
-        why = (" It only exported its model (checkpointing=export_hf without periodic): the export holds "
-               "the weights, not the optimizer, learning-rate schedule or data position a resume continues "
-               "with. To train on from those weights: a new run with checkpointing=[from_hf,...] "
-               "checkpoint.initial_load_path=<its hf_export dir>." if exported else "")  # fmt: skip
-        raise ConfigError(
-            f"run.resume={run_dir}: no complete checkpoint in {folder}: nothing to continue from. "
-            f"Checkpoints are written with checkpointing=periodic (every checkpoint.interval steps).{why}"
-        )
+    complete = complete_steps(folder)
+    cut = [step for step in _saved_steps(folder) if step not in complete and (not complete or step > complete[-1])]
+    if not complete:
+        saves = recorded.get("checkpoint", {})
+        periodic = saves.get("enable") and "interval" in saves  # checkpointing=periodic's keys
+        if cut:
+            why = (f" Its checkpoint {folder}/step-{cut[-1]} was cut while saving (no DCP .metadata, which is "
+                   "written last: the run was killed or its disk filled while writing it), and it has no complete "
+                   "one before it. Start the run again: the same command without run.resume, in a new run dir.")
+        elif periodic:
+            why = (f" It stopped before its first checkpoint (checkpoint.interval={saves['interval']}). Start "
+                   "the run again: the same command without run.resume, in a new run dir.")
+        elif saves.get("last_save_in_hf"):
+            why = (" It only exported its model (checkpointing=export_hf without periodic): the export holds "
+                   "the weights, not the optimizer, learning-rate schedule or data position a resume continues "
+                   "with. To train on from those weights: a new run with checkpointing=[from_hf,...] "
+                   "checkpoint.initial_load_path=<its hf_export dir>.")
+        else:
+            why = " Checkpoints are written with checkpointing=periodic (every checkpoint.interval steps)."
+        raise ConfigError(f"run.resume={run_dir}: no complete checkpoint in {folder}: nothing to continue from.{why}")
+    if cut and composed["checkpoint"]["load_step"] == -1:
+        print(f"[qwen3-neuron] warning: checkpoint {folder}/step-{cut[-1]} was cut while saving (no DCP .metadata, "
+              "which is written last: the run was killed or its disk filled while writing it); never loaded. The "
+              f"run continues from step-{complete[-1]}, the newest complete checkpoint.", file=sys.stderr)  # fmt: skip
     _refuse_changes(run_dir, recorded, composed, typed_overrides)
     resumed = copy.deepcopy(recorded)
     # run.*: the recorded launch settings (its rank count among them), and what this command sets
@@ -88,6 +105,12 @@ def schedule_rule(end: int, steps: int) -> str:
         return f"learning rate: the schedule planned for {end} steps"
     return (f"learning rate: steps 1-{end} keep the schedule planned for {end} steps; "
             f"steps {end + 1}-{steps} train at its step-{end} rate")  # fmt: skip
+
+
+def _saved_steps(folder: Path) -> list[int]:
+    """The steps of every `step-N` folder, complete or not, oldest first."""
+    names = [p.name.removeprefix("step-") for p in folder.glob("step-*")] if folder.is_dir() else []
+    return sorted(int(name) for name in names if name.isdigit())
 
 
 def checkpoint_folder(run_dir: Path, config: Mapping) -> Path:
