@@ -4,6 +4,7 @@ what would be valid, and writes nothing. Add a row to extend it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -308,6 +309,23 @@ def test_bad_input_on_the_command_line_exits_non_zero_and_writes_nothing(
     assert not run_dir.exists()
     assert processes_mentioning(str(run_dir)) == []
     assert " torchtitan.trainer\n" not in result.stderr
+
+
+def test_a_launch_refused_by_the_plan_leaves_no_run_dir_when_its_workers_are_stopped_mid_exit(tmp_path, assets):
+    """The plan in local rank 0 refuses the data (a malformed row 40, data.max_dropped=0); the
+    launcher then stops the workers, here (tests/held_refusal) while rank 0 is still ending after
+    handing the refusal over, as a busy machine leaves it 1 launch in 4: that stop is no crash to
+    record (it once left failure.json: `SignalException: ... got signal: 15`, user_error false)."""
+    good = json.dumps({"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]})
+    rows = tmp_path / "chats.jsonl"
+    rows.write_text("\n".join([good] * 39 + [good[:30]] + [good] * 60) + "\n")
+    held = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests" / "held_refusal"), os.environ.get("PYTHONPATH")]))}
+    run_dir = tmp_path / "run"
+    result = launch(run_dir, "data=chat", f"data.files={rows}", "data.val_files=null", "data.max_dropped=0", env=held)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith(f"Config error: 1 of the first 64 rows of {rows} would not be trained")
+    assert not run_dir.exists()
+    assert processes_mentioning(str(run_dir)) == []
 
 
 # Every mistake answered in one sentence, from the launcher, the workers and the commands alike:

@@ -41,6 +41,14 @@ def record_failure(run_dir: Path, error: BaseException, last_checkpoint: str | N
           f"{last_checkpoint or 'none'}.", file=sys.stderr, flush=True)  # fmt: skip
 
 
+def stopped_by_signal(error: BaseException) -> bool:
+    """torchrun's SignalException: this rank was told to stop (SIGTERM from the launcher or from
+    torchrun: after a refused plan, a Ctrl-C), and whoever stopped it says why; not a crash."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    return isinstance(error, SignalException)
+
+
 def _traceback_end(error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)[-TRACEBACK_FRAMES:]
     return "".join([*traceback.format_list(frames), *traceback.format_exception_only(error)]).rstrip("\n")

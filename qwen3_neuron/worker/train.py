@@ -24,7 +24,7 @@ from qwen3_neuron.job.job import recorded_device
 from qwen3_neuron.parent_death import die_with_parent
 from qwen3_neuron.handoff import Handoff
 from qwen3_neuron.process_exit import exit_without_teardown
-from qwen3_neuron.worker.failure_record import record_failure
+from qwen3_neuron.worker.failure_record import record_failure, stopped_by_signal
 from qwen3_neuron.run_dir import (
     EXPORT_FILE,
     complete_steps,
@@ -52,7 +52,8 @@ def main(run_dir: Path, recorded_job: dict | None = None) -> None:
         try:
             plan = plan_for_the_launcher(run_dir, handoff, recorded_job)
         except Exception as error:  # a bug: the launcher prints its traceback's end
-            record_failure(run_dir, error, None)
+            if not stopped_by_signal(error):  # e.g. by the launcher once this rank handed it the plan's refusal
+                record_failure(run_dir, error, None)
             raise
     try:  # the other ranks import meanwhile
         import torch
