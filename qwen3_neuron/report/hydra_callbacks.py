@@ -22,7 +22,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from qwen3_neuron.report.mlflow_tracking import sweep_ended, sweep_started
+from qwen3_neuron.report.mlflow_tracking import settings_of, sweep_ended, sweep_started
 from qwen3_neuron.report.outcome import JobOutcome, SweepEnded
 from qwen3_neuron.report.sweep_table import CSV_FILE, MARKDOWN_FILE, PLOT_FILE, collect_jobs, write_report
 from qwen3_neuron.run_dir import STOP_FILE
@@ -53,10 +53,11 @@ class SweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         _write(sweep_dir, quiet=False)
-        jobs = collect_jobs(sweep_dir) if sweep_dir.is_dir() else []
-        sweep_ended(sweep_dir.resolve(), _tracking(config), [job.summary["status"] for job in jobs])
+        tracking = _tracking(config)
+        if settings_of(tracking) is not None:  # tracking=mlflow: the parent run ends with the sweep
+            sweep_ended(sweep_dir.resolve(), tracking, [job.summary["status"] for job in collect_jobs(sweep_dir)])
         if not self.jobs_ended_here:  # submitit ran them: launch.py has none of their outcomes
-            raise SweepEnded([JobOutcome.recorded(job.summary) for job in jobs])
+            raise SweepEnded([JobOutcome.recorded(job.summary) for job in collect_jobs(sweep_dir)])
 
 
 def _tracking(config: DictConfig) -> dict[str, Any]:
