@@ -104,6 +104,9 @@ def test_the_dpo_loss_rewards_and_accuracy_are_trls(assets, tmp_path, loss_type,
     assert float(step_loss(terms, pairs, tokens, sft_weight)) == pytest.approx(ours["loss"], rel=1e-6)
 
     assert ours["pairs"] == n == 3
+    # float32 on both sides: the same model's log-probabilities (sums of ~30 tokens' each, batched
+    # differently) through a few elementwise operations: rel 1e-5 = 168 x 2^-24, 1e-4 for the rewards
+    # (beta x a difference of two such sums, which cancel)
     assert ours["loss"] == pytest.approx(trl_loss, rel=1e-5, abs=1e-6)
     assert ours["rewards_chosen"] == pytest.approx(trl["rewards/chosen"], rel=1e-4, abs=1e-6)
     assert ours["rewards_rejected"] == pytest.approx(trl["rewards/rejected"], rel=1e-4, abs=1e-6)
@@ -445,7 +448,7 @@ def test_lora_adapters_off_computes_the_base_models_output_and_then_the_adapted_
         with adapters_off(model):
             off = model(x)
         again = model(x)
-    torch.testing.assert_close(off, base, rtol=0, atol=1e-6)
+    torch.testing.assert_close(off, base, rtol=0, atol=1e-6)  # float32, the same 8- and 6-term sums: equal
     assert (adapted - base).abs().max() > 1e-2
     assert torch.equal(again, adapted)
 
@@ -491,6 +494,8 @@ def test_the_projects_sequence_logps_are_trls_without_the_newline_after_the_end_
             trained_by_trl = {r: trl_labels[r][trl_labels[r] != -100].tolist() for r in range(side * n, (side + 1) * n)}
             [row] = [r for r, tokens in trained_by_trl.items() if tokens == ours + newline]
             last = trl_tokens[row][trl_labels[row] != -100][-1]  # TRL's one more token: the newline
+            # float32 both, the same model batched differently: its 768-term sums round by at most
+            # 768 x 2^-24 = 4.6e-5 relative each, summed over ~30 tokens whose errors do not add up in sign
             assert float(sums[0, side]) == pytest.approx(float(trl_tokens[row].sum() - last), rel=1e-5, abs=1e-5)
             assert float(last) < 0  # a token of its own, with its own probability
             matched.append(row)
