@@ -62,7 +62,7 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
         else:
             why = " Checkpoints are written with checkpointing=periodic (every checkpoint.interval steps)."
         raise ConfigError(f"run.resume={run_dir}: no complete checkpoint in {folder}: nothing to continue from.{why}")
-    if cut and composed["checkpoint"]["load_step"] == -1:
+    if cut and not _typed("checkpoint.load_step", typed_overrides):  # checkpoint.load_step: the user's pick
         print(f"[qwen3-neuron] warning: checkpoint {folder}/step-{cut[-1]} was cut while saving (no DCP .metadata, "
               "which is written last: the run was killed or its disk filled while writing it); never loaded. The "
               f"run continues from step-{complete[-1]}, the newest complete checkpoint.", file=sys.stderr)  # fmt: skip
