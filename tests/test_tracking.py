@@ -204,3 +204,25 @@ def test_a_resume_keeps_the_recorded_tracking_unless_it_sets_tracking(tmp_path):
         typed = [f"run.resume={tmp_path}", "training.steps=4", *typed]
         tracking = resumed_config(tmp_path, compose_config(*typed), typed)["tracking"]
         assert (tracking["kind"], tracking.get("uri")) == expected
+
+
+def test_a_run_name_a_failure_and_a_line_still_being_written(tmp_path, assets):
+    """In-process: tracking.run_name names the run, a failed job is a FAILED run with its error, and
+    a metrics.jsonl line still being written is left for the next log (a resume's)."""
+    from omegaconf import OmegaConf
+
+    from qwen3_neuron.report.mlflow_tracking import track_run
+
+    uri = local_store(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    composed = compose_config("tracking=mlflow", f"tracking.uri={uri}", "tracking.run_name=lr-3e-4")
+    OmegaConf.save(OmegaConf.create(composed), run_dir / "job.yaml")
+    whole = '{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.0}\n'
+    (run_dir / "metrics.jsonl").write_text(whole + '{"step": 3, "lo')
+    track_run(run_dir, {"status": "failed", "error": "RuntimeError: boom", "steps": 2}, None, None)
+    record = record_of(run_dir)
+    run = MlflowClient(uri).get_run(record["run_id"])
+    assert (run.info.run_name, run.info.status, run.data.tags["error"]) == ("lr-3e-4", "FAILED", "RuntimeError: boom")
+    assert history(MlflowClient(uri), record["run_id"], "loss") == [(1, 2.5), (2, 2.0)]
+    assert record["metrics_bytes"] == len(whole)
