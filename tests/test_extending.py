@@ -96,17 +96,17 @@ def test_an_extension_keeps_the_schedule_the_run_was_planned_with_and_says_the_r
     assert "total_steps" not in resumed_config(tmp_path, compose_config(*again), again).get("lr_scheduler", {})
 
 
-@pytest.mark.parametrize("changed, shown", [("run.nnodes=2", "(1 -> 2)"), ("run.nproc_per_node=1", "(unset -> 1)")])
-def test_a_resume_on_another_rank_count_is_refused(tmp_path, changed, shown):
-    """The data position is saved per data-parallel rank: a resume runs on the ranks the run trained on."""
+def test_a_resume_on_another_number_of_nodes_is_refused(tmp_path):
+    """The data position is saved per data-parallel rank: a resume runs on the nodes the run trained
+    on (run.nproc_per_node: the test above)."""
     OmegaConf.save(OmegaConf.create(compose_config("checkpointing=periodic")), tmp_path / "job.yaml")
     (tmp_path / "trainer_config.json").write_text("{}")
     (tmp_path / "checkpoint" / "step-2").mkdir(parents=True)
     (tmp_path / "checkpoint" / "step-2" / ".metadata").touch()
-    typed = [f"run.resume={tmp_path}", changed]
+    typed = [f"run.resume={tmp_path}", "run.nnodes=2"]
     with pytest.raises(ConfigError, match="the data position is saved per rank") as refused:
         resumed_config(tmp_path, compose_config(*typed), typed)
-    assert f"changes '{changed.split('=')[0]}' {shown}" in str(refused.value)
+    assert "changes 'run.nnodes' (1 -> 2)" in str(refused.value)
 
 
 def test_extending_a_run_that_only_exported_says_it_cannot_and_why(tmp_path):
