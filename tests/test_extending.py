@@ -98,7 +98,7 @@ def test_an_extension_keeps_the_schedule_the_run_was_planned_with_and_says_the_r
 
 def test_a_resume_on_another_number_of_nodes_is_refused(tmp_path):
     """The data position is saved per data-parallel rank: a resume runs on the nodes the run trained
-    on (run.nproc_per_node: the test above)."""
+    on (run.nproc_per_node: test_a_resume_keeps_the_recorded_rank_count_and_refuses_another)."""
     OmegaConf.save(OmegaConf.create(compose_config("checkpointing=periodic")), tmp_path / "job.yaml")
     (tmp_path / "trainer_config.json").write_text("{}")
     (tmp_path / "checkpoint" / "step-2").mkdir(parents=True)
