@@ -119,7 +119,8 @@ def test_the_launcher_names_a_misspelled_torchtitan_key_as_the_plan_does(tmp_pat
     (["optimizer.lr=fast"], "Wrong type for 'optimizer.lr': expected float, got str 'fast'."),
     (["optimizer.weight_decay=abc"], "Wrong type for 'optimizer.weight_decay': expected float, got str 'abc'."),
     (["training.dtype=fp16"], "Wrong type for 'training.dtype': expected one of 'bfloat16', 'float32', got str 'fp16'."),
-    (["training.steps=true"], "Wrong type for 'training.steps': expected int, got bool True."),  # bool is an int in Python
+    # bool is an int subclass in Python: true is not the int 1
+    (["training.steps=true"], "Wrong type for 'training.steps': expected int, got bool True."),
     (["data=text", "data.files={text}", "dataloader.seed=x"], "Wrong type for 'dataloader.seed': expected int, got str 'x'."),
 ])  # fmt: skip
 def test_the_launcher_names_a_wrong_type_in_torchtitans_sections_as_the_plan_does(tmp_path, assets, overrides, message):

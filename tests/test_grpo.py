@@ -344,7 +344,8 @@ def _tiny_policy(assets, model_kind: str):
     for layer in config.layers:
         layer.attention.inner_attention = sdpa_for_flex(layer.attention.inner_attention)
         if model_kind == "moe":  # torchtitan's experts multiply in bfloat16: these, the same in float32
-            layer.moe.routed_experts.inner_experts = my_experts(layer.moe.routed_experts.inner_experts, compute_dtype="float32")
+            experts = layer.moe.routed_experts
+            experts.inner_experts = my_experts(experts.inner_experts, compute_dtype="float32")
     return build_native_model(SimpleNamespace(model=config)).eval()
 
 
@@ -385,7 +386,8 @@ def test_cached_generation_has_the_whole_buffers_logits_at_one_token_a_forward(a
     whole, cached = torch.stack(logits[True], 1), torch.stack(logits[False], 1)  # [B, t, vocab]
     for row, length in enumerate(PROMPT_LENGTHS):
         steps = min(COMPLETION, SEQ_LEN - length + 1)  # the cut row: its logits after seq_len are not used
-        torch.testing.assert_close(cached[row, :steps], whole[row, :steps], atol=SUM_ROUNDING * whole.abs().max(), rtol=0)
+        atol = SUM_ROUNDING * whole.abs().max()
+        torch.testing.assert_close(cached[row, :steps], whole[row, :steps], atol=atol, rtol=0)
     assert whole.std() > 0.1  # logits that differ between tokens: the model is not degenerate
 
     sampled = {}
