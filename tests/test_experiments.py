@@ -177,7 +177,9 @@ def test_trn2_qwen3_4b_grpo_plans_lora_grpo_with_held_out_prompts_and_one_genera
     assert (source.format, source.val_fraction) == ("prompts", 0.02) and config.validator.enable
     assert plan.job.settings.finetune.method == "lora" and plan.job.settings.grpo.num_generations == 8
     assert config.training.local_batch_size % plan.job.settings.grpo.num_generations == 0  # whole groups per rank
-    assert "GRPO's generation: each new token one forward of the same 8 x 2048 buffer" in plan.static_shapes
+    assert ("GRPO's generation on a static KV cache of 8 x 2048 positions per layer, without gradients: the prompts' "
+            "forward (8 x 128, 8 x 256, 8 x 512, 8 x 1024, 8 x 2048: the narrowest that holds the batch's longest "
+            "prompt) and each new token's (8 x 1), 6 more graphs, each compiled once") in plan.static_shapes
     assert config.checkpoint.initial_load_in_hf and config.checkpoint.last_save_in_hf
 
 

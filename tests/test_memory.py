@@ -185,20 +185,18 @@ def test_a_lora_runs_reference_is_its_adapters_turned_off_not_a_copy(tmp_path, a
     assert lora.reference_gib == 0 and lora.parameters_gib > 0
 
 
-def test_grpos_generation_counts_the_lm_head_fsdp_gathers(tmp_path, assets):
-    """Sampling runs the lm_head on every new token: FSDP gathers its whole [vocab, dim] weight in
-    the compute dtype, which a model on one rank without FSDP already holds."""
+def test_grpos_generation_counts_every_parameter_fsdp_gathers(tmp_path, assets):
+    """Generation gathers every parameter once for all its forwards (FSDP's unshard), in the
+    compute dtype: the plan's generation moment holds them beside the KV cache, one block's
+    forward and the next tokens' scores."""
     from types import SimpleNamespace
 
-    from qwen3_neuron.job.checks.memory import DTYPE_BYTES, GrpoMemory, _grpo_bytes, _Shape
-    from qwen3_neuron.models.tiny import TINY_DENSE as T
+    from qwen3_neuron.job.checks.memory import DTYPE_BYTES, GIB, GrpoMemory, _grpo_bytes, _shape
 
-    config = plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo"), tmp_path / "run").trainer_config
-    shape = _Shape(backend="native", n_layers=T["num_hidden_layers"], dim=T["hidden_size"], vocab=T["vocab_size"],
-                   n_heads=T["num_attention_heads"], n_kv_heads=T["num_key_value_heads"], head_dim=T["head_dim"],
-                   ffn_hidden=T["intermediate_size"])  # fmt: skip
-    grpo = GrpoMemory(kv_cache=True, completions=8, kept_logprobs=0)
-    generation = {shards: _grpo_bytes(config, shape, SimpleNamespace(pp=1, tp=1, cp=1, dp_shard=shards), "cpu", grpo)[0]
-                  for shards in (1, 2)}  # fmt: skip
-    head = shape.vocab * shape.dim * DTYPE_BYTES[config.training.mixed_precision_param]
-    assert generation[2] - generation[1] == head
+    plan = plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo"), tmp_path / "run")  # 2 ranks, FSDP
+    config = plan.trainer_config
+    degrees = SimpleNamespace(pp=1, tp=1, cp=1, dp_shard=2)
+    grpo = GrpoMemory(static_cache=False, completions=8, kept_logprobs=0)
+    ungathered = _grpo_bytes(config, _shape(config, plan.job.model_dir), degrees, "cpu", grpo, gathered=0)[0]
+    gathered = plan.parameters["total_parameters"] * DTYPE_BYTES[config.training.mixed_precision_param]
+    assert plan.memory.generation_gib * GIB - ungathered == gathered

@@ -7,11 +7,12 @@ metrics stay torchtitan's. A step:
 1. generation (every `grpo.num_iterations` steps): each rank takes its prompts (a rank's batch of
    local_batch_size x accumulation completions, `num_generations` per prompt) and samples the
    completions from the current policy (LoRA adapters on), a batch of `local_batch_size` at a
-   time, in a buffer [local_batch_size, seq_len]: prompt, completion and padding. Eager, with a
-   KV cache (`finetune.kv_cache`): one forward of the prompts, then one of each sampled token
-   alone. A compiled model (`compile.enable`, Neuron's one compile) forwards the whole buffer
-   for every new token instead (the causal mask keeps what follows a row's position out of it),
-   one shape.
+   time, in a buffer [local_batch_size, seq_len]: prompt, completion and padding. With a KV cache
+   (`finetune.kv_cache`): one forward of the prompts, then one of each sampled token alone; FSDP's
+   parameters gathered once for the whole generation. Eager, the prompts' forward is as wide as
+   the longest prompt; a compiled model (`compile.enable`, Neuron's one compile) keeps fixed-size
+   cache buffers, forwards the buffer's first 128, 256, ... or seq_len columns for the prompts and
+   [local_batch_size, 1] per token: a bounded set of graphs, each compiled once.
    Every rank runs the same number of forwards whatever its completions (FSDP gathers in step).
    Sampling is TRL's (temperature, then top-p, Transformers' own logits warpers), seeded by the
    step and the rank;
@@ -59,7 +60,15 @@ from qwen3_neuron.finetune.grpo import (
     token_terms,
     total_rewards,
 )
-from qwen3_neuron.finetune.kv_cache import attention_mask, kv_cache
+from qwen3_neuron.finetune.kv_cache import (
+    StaticCache,
+    attention_mask,
+    gathered,
+    kv_cache,
+    position_mask,
+    prefill_width,
+    static_kv_cache,
+)
 from qwen3_neuron.finetune.logprobs import hidden_states_out, model_token_logps
 from qwen3_neuron.finetune.reward_calls import load_rewards
 from qwen3_neuron.hf_backend import HF_BACKEND_NAME
@@ -87,6 +96,9 @@ class GRPOStep(Stateful):
     state: the prompts pulled but not yet generated from and the generation batch still in use
     (`num_iterations` > 1) are this rank's, and a resume goes on with them as the run would have."""
 
+    _static_cache: StaticCache | None = None  # compile.enable: generation's fixed-size KV cache
+    one_shape = False  # the reference the caches are held to in tests: a forward of the whole buffer per token
+
     def __init__(self, trainer, grpo, seed: int, lora: bool):
         self.trainer, self.grpo, self.seed = trainer, grpo, seed
         # the KL's reference: finetune=lora's model with its adapters off; finetune=full's a frozen copy
@@ -99,8 +111,9 @@ class GRPOStep(Stateful):
         self.prompt_field = prompt_field(source)
         self.warpers = logits_warpers(grpo.temperature, grpo.top_p)
         self.hf_backend = trainer.config.model_spec.name == HF_BACKEND_NAME
-        # a compiled graph sees [B, seq_len] alone: its generation forwards the whole buffer
-        self.one_shape = trainer.config.compile.enable
+        # a compiled model (Neuron's one compile) generates on fixed-size buffers, two graphs
+        compile_ = trainer.config.compile
+        self._static_cache = StaticCache(compile_.backend) if compile_.enable else None
         # torchtitan's own models take positions, from which the trainer builds the masks their
         # attention needs; the Transformers backend makes its own causal mask
         self.positions = not self.hf_backend
@@ -199,13 +212,14 @@ class GRPOStep(Stateful):
         model.eval()
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + trainer.step * 1009 + self._dp_rank())
         sequences, lengths = [], []
-        for start in range(0, len(repeated), batch):
-            chunk = repeated[start:start + batch]
-            ids = torch.stack([ids for ids, _, _ in chunk]).to(trainer.device)
-            prompt_lengths = torch.tensor([length for _, length, _ in chunk], device=trainer.device)
-            completion_lengths = self._sample(model, ids, prompt_lengths, generator)
-            sequences.append((ids, prompt_lengths, completion_lengths))
-            lengths.append(completion_lengths)
+        with gathered(model):  # FSDP's all-gathers once for the whole generation, not per token
+            for start in range(0, len(repeated), batch):
+                chunk = repeated[start:start + batch]
+                ids = torch.stack([ids for ids, _, _ in chunk]).to(trainer.device)
+                prompt_lengths = torch.tensor([length for _, length, _ in chunk], device=trainer.device)
+                completion_lengths = self._sample(model, ids, prompt_lengths, generator)
+                sequences.append((ids, prompt_lengths, completion_lengths))
+                lengths.append(completion_lengths)
         completion_lengths = torch.cat(lengths)
         generation_seconds = time.perf_counter() - started
 
@@ -272,11 +286,12 @@ class GRPOStep(Stateful):
             model.train()
             return
         sequences, rows = [], []
-        for input_dict, _ in batches[:count]:
-            ids = input_dict["input"].to(trainer.device)
-            prompt_lengths = input_dict[PROMPT].to(trainer.device)
-            sequences.append((ids, prompt_lengths, self._sample(model, ids, prompt_lengths, generator)))
-            rows += [json.loads(row) for row in input_dict[ROW]]
+        with gathered(model):
+            for input_dict, _ in batches[:count]:
+                ids = input_dict["input"].to(trainer.device)
+                prompt_lengths = input_dict[PROMPT].to(trainer.device)
+                sequences.append((ids, prompt_lengths, self._sample(model, ids, prompt_lengths, generator)))
+                rows += [json.loads(row) for row in input_dict[ROW]]
         scores = self._dp_gather(self._score(sequences, rows))
         rewards = total_rewards(scores, torch.tensor(self.rewards.weights, device=scores.device))
         lengths = self._dp_gather(torch.cat([n for _, _, n in sequences]).float().unsqueeze(1)).squeeze(1)
@@ -313,11 +328,29 @@ class GRPOStep(Stateful):
     @contextmanager
     def _next_token_logits(self, model, ids: torch.Tensor, prompt_lengths: torch.Tensor):
         """`logits(t, tokens)`: float32 [B, vocab] scores of every row's next token once t tokens
-        are sampled, `tokens` [B] the last of them. Eager: the prompts' forward, then one forward
-        of `tokens` alone on the KV cache (`finetune.kv_cache`). Compiled: a forward of the whole
-        buffer (in which `_sample` wrote the tokens) each time, one shape for one compile."""
+        are sampled, `tokens` [B] the last of them: the prompts' forward, then one forward of
+        `tokens` alone on the KV cache (`finetune.kv_cache`; compiled: the static cache, its
+        shapes fixed). `one_shape` (the tests' reference): a forward of the whole buffer (in which
+        `_sample` wrote the tokens) each time."""
         rows = torch.arange(ids.shape[0], device=ids.device)
         lm_head = model.lm_head
+        last_position = ids.shape[1] - 1
+        if self._static_cache is not None:
+            with static_kv_cache(model, self.hf_backend, self._static_cache, *ids.shape) as forward:
+
+                def static(t: int, tokens) -> torch.Tensor:
+                    if t == 0:  # the buffer's first columns, each row's prompt at its own
+                        width = prefill_width(int(prompt_lengths.max()), ids.shape[1])
+                        positions = torch.arange(width, device=ids.device).repeat(ids.shape[0], 1)
+                        hidden = forward(ids[:, :width], positions, position_mask(positions, ids.shape[1]))
+                        return lm_head(hidden[rows, prompt_lengths - 1]).float()
+                    # a row past its room (its completion cut at seq_len) writes seq_len's last column, unused
+                    positions = (prompt_lengths + t - 1).clamp(max=last_position).unsqueeze(1)
+                    hidden = forward(tokens.unsqueeze(1), positions, position_mask(positions, ids.shape[1]))
+                    return lm_head(hidden[:, 0]).float()
+
+                yield static
+            return
         if self.one_shape:
             extra_kwargs = self._model_inputs(ids, self._positions(ids))[1]
 
@@ -328,7 +361,7 @@ class GRPOStep(Stateful):
 
             yield whole_buffer
             return
-        width, last_position = int(prompt_lengths.max()), ids.shape[1] - 1
+        width = int(prompt_lengths.max())
         with kv_cache(model, self.hf_backend, width + self.grpo.max_completion_length) as forward:
 
             def cached(t: int, tokens) -> torch.Tensor:

@@ -123,7 +123,7 @@ def make_plan(
     if settings.data.kind == "prompts":
         kept = int(settings.grpo.num_iterations > 1) + int(settings.grpo.beta > 0)
         completions = config.training.local_batch_size * _accumulation_steps(config, world_size)
-        grpo = GrpoMemory(kv_cache=not config.compile.enable, completions=completions, kept_logprobs=kept)
+        grpo = GrpoMemory(static_cache=config.compile.enable, completions=completions, kept_logprobs=kept)
     memory = estimate_memory(config, world_size, device, nproc, model_on_meta, frozen_reference, logprobs,
                              model_dir, grpo)
     refusal = None

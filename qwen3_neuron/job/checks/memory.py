@@ -12,8 +12,9 @@ Trainer.Config.
                end of backward      every gradient + the embedding's dense weight gradient in flight
                GRPO's generation    every gradient (the last step's, freed at the next zero_grad) +
                                     the KV cache + one block's forward without gradients + the
-                                    next tokens' scores (and the gathered lm_head under FSDP)
-             (+ GRPO's generation batch: the completions' ids and kept log-probabilities, every moment)
+                                    next tokens' scores (+ under FSDP every parameter gathered)
+             (+ GRPO's generation batch: the completions' ids and kept log-probabilities, and a
+              compiled run's static KV cache, every moment)
 
 At Qwen3's 151,936-token vocabulary the loss is usually the peak: a chunk's logits, their float32
 log-softmax and their gradients (3 to 3.5 [chunk tokens, vocab] float32 copies) beside every
@@ -38,10 +39,12 @@ a chunk of the sequence at a time (torchtitan's ChunkedLossWrapper, finetune/log
   each token (balanced routing assumed). Full activation checkpointing keeps each block's input;
   selective keeps the block input plus every other matmul output and the attention outputs.
 
-GRPO's generation (eager) keeps keys and values for [local_batch_size, seq_len] in every layer
-(compute dtype) and runs one block at a time without gradients, counted as one block's saved
-tensors at the same tokens (an upper bound: a forward without gradients frees what backward would
-keep); compiled, each new token is a forward of the whole buffer without a cache. The rank's
+GRPO's generation keeps keys and values for [local_batch_size, seq_len] in every layer (compute
+dtype; eager while it samples, compiled for the whole run: its static cache's buffers are kept
+from one generation to the next), gathers every parameter in the compute dtype once for the
+whole generation under FSDP, and runs one block at a time without gradients, counted as one
+block's saved tensors at the same tokens (an upper bound: a forward without gradients frees what
+backward would keep). The rank's
 generation batch (local_batch_size x accumulation completions) lives through the step: int64 ids,
 and float32 [seq_len] log-probabilities per completion for the ratio (num_iterations > 1) and the
 reference (beta > 0).
@@ -109,7 +112,8 @@ class MemoryEstimate:
     ranks_per_node: int
     notes: list[str] = field(default_factory=list)
     reference_gib: float = 0.0  # finetune=full's DPO / GRPO (beta > 0) reference: a frozen copy of the starting weights
-    generation_gib: float = 0.0  # GRPO: the KV cache and one block's forward while sampling
+    generation_gib: float = 0.0  # GRPO: the KV cache, the gathered parameters and one block's forward while sampling
+    static_cache_gib: float = 0.0  # GRPO compiled: the static KV cache, held all run
     completions_gib: float = 0.0  # GRPO: the rank's generation batch (ids, kept log-probabilities)
 
     @property
@@ -126,6 +130,7 @@ class MemoryEstimate:
             "recompute": self.recompute_gib,
             "frozen reference": self.reference_gib,
             "generation": self.generation_gib,
+            "static KV cache": self.static_cache_gib,
             "completions": self.completions_gib,
         }
 
@@ -183,11 +188,14 @@ def estimate_memory(
         # measured: the SFT loss's step still holds the activations then, DPO's (log-probabilities
         # through finetune/logprobs.py, the head's gradient reduced at the end of backward) none
         moments[REDUCE_SCATTER] = (0 if logprobs else activations) + head[REDUCE_SCATTER] + gradients
-    generation = completions = 0
+    generation = completions = static_cache = 0
     if grpo is not None:
-        generation, completions = _grpo_bytes(config, shape, degrees, device, grpo)
+        # under FSDP every parameter is gathered in the compute dtype for the whole generation
+        fsdp = degrees.dp_shard * degrees.cp if _fsdp_wrapped(shape, degrees) else 0
+        gathered = counts.elements * fsdp * DTYPE_BYTES[config.training.mixed_precision_param]
+        generation, completions, static_cache = _grpo_bytes(config, shape, degrees, device, grpo, gathered)
         moments["GRPO's generation"] = gradients + generation
-        moments = {moment: held + completions for moment, held in moments.items()}
+        moments = {moment: held + completions + static_cache for moment, held in moments.items()}
     peak_at = max(moments, key=moments.get)
     logits = head.get(peak_at, head["the loss"])
     reference = parameters if frozen_reference else 0  # finetune=lora's reference: the adapters off, no copy
@@ -207,6 +215,7 @@ def estimate_memory(
         reference_gib=reference / GIB,
         generation_gib=generation / GIB,
         completions_gib=completions / GIB,
+        static_cache_gib=static_cache / GIB,
     )
 
 
@@ -389,27 +398,29 @@ def _optimizer_bytes(config, counts: _LocalCounts) -> tuple[int, list[str]]:
 
 @dataclass(frozen=True)
 class GrpoMemory:
-    kv_cache: bool  # eager generation; compiled forwards the whole buffer, no cache
+    static_cache: bool  # compile.enable: the KV cache is kept all run; eager, while sampling
     completions: int  # the rank's generation batch: local_batch_size x gradient accumulation
     kept_logprobs: int  # [seq_len] float32 log-probabilities kept per completion: old (num_iterations > 1), reference (beta > 0)
 
 
-def _grpo_bytes(config, s: _Shape, degrees, device: str, grpo: GrpoMemory) -> tuple[int, int]:
-    """(the KV cache and one block's forward while sampling, the generation batch)."""
+def _grpo_bytes(config, s: _Shape, degrees, device: str, grpo: GrpoMemory, gathered: int) -> tuple[int, int, int]:
+    """(what sampling holds: the eager KV cache, `gathered` parameters, one block's forward; the
+    generation batch; the compiled run's static KV cache)."""
     training = config.training
     compute = DTYPE_BYTES[training.mixed_precision_param]
     batch, seq = training.local_batch_size, training.seq_len
     tokens = batch * seq
     layers = math.ceil(s.n_layers / degrees.pp)
     kv_heads = s.n_kv_heads // degrees.tp
-    cache = layers * 2 * tokens * kv_heads * s.head_dim * compute if grpo.kv_cache else 0
+    cache = layers * 2 * tokens * kv_heads * s.head_dim * compute
     sp = degrees.tp if config.parallelism.enable_sequence_parallel else 1
     block = _layer_bytes(s, tokens, batch, seq, compute, degrees.tp, sp, _dense_mask(config, s, device))
-    # the next tokens' float32 scores, warped, and their probabilities; FSDP gathers the lm_head
-    vocab = math.ceil(s.vocab / degrees.tp)
-    head = 3 * batch * vocab * FLOAT32 + (vocab * s.dim * compute if _fsdp_wrapped(s, degrees) else 0)
+    # the next tokens' float32 scores, warped, and their probabilities
+    head = 3 * batch * math.ceil(s.vocab / degrees.tp) * FLOAT32
     completions = grpo.completions * seq * (INT64 + grpo.kept_logprobs * FLOAT32)
-    return cache + block + head, completions
+    if grpo.static_cache:
+        return gathered + block + head, completions, cache
+    return cache + gathered + block + head, completions, 0
 
 
 # ---- activations -----------------------------------------------------------------------------

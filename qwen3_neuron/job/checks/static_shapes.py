@@ -41,6 +41,7 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.finetune.kv_cache import prefill_widths
 from qwen3_neuron.job.checks.layout import resolve_degrees
 from qwen3_neuron.models.hf.model_dir import HFModelDir
 
@@ -87,8 +88,11 @@ def _check_batches(config: Trainer.Config, why: str) -> str:
         )
     generation = ""
     if any(getattr(source, "format", None) == "prompts" for source in getattr(config.dataloader, "sources", ())):
-        generation = (f"; GRPO's generation: each new token one forward of the same {shape} buffer without "
-                      "gradients (prompts padded to seq_len, no KV cache), one more graph compiled once")  # fmt: skip
+        batch, widths = config.training.local_batch_size, prefill_widths(config.training.seq_len)
+        prompts = ", ".join(f"{batch} x {width}" for width in widths)
+        generation = (f"; GRPO's generation on a static KV cache of {shape} positions per layer, without gradients: "
+                      f"the prompts' forward ({prompts}: the narrowest that holds the batch's longest prompt) and "
+                      f"each new token's ({batch} x 1), {len(widths) + 1} more graphs, each compiled once")  # fmt: skip
     validator = config.validator
     if not validator.enable:
         return f"training batches {shape} tokens, no validation{generation}"
