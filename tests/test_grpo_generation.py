@@ -107,7 +107,7 @@ def test_prompts_take_the_narrowest_prefill_width():
 
 
 @pytest.mark.integration
-def test_a_compiled_grpo_run_compiles_generation_once_and_never_recompiles(tmp_path):
+def test_a_compiled_grpo_run_compiles_generation_once_and_never_recompiles(tmp_path, assets):
     """experiment=cpu_qwen3_tiny_grpo (2 gloo ranks, FSDP) with compile.enable=true: torch.compile's
     own counters, in summary.json, hold the training graph and generation's two (the 64-wide
     prompts' forward, the decode), and no recompile in any step."""
