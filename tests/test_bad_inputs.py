@@ -140,6 +140,7 @@ PLAN_TIME = [
      ["data.val_fraction and data.val_files both"]),
     (["data=chat", "validator.steps=-1"], ["validator.steps=-1", "validator.steps=N"]),
     (["data=chat", "data.overlong=split"], ["data.overlong=split is for text", "truncate or drop"]),
+    (["data=chat", "data.thinking=never"], ["data.thinking", "'empty_block'", "'as_rendered'"]),
     (["data=text", "data.overlong=cut"], ["data.overlong", "'truncate'", "'drop'", "'split'"]),
     (["data=chat", "data.packing=bestfit"], ["data.packing", "'best_fit'", "'greedy'", "'none'"]),
     (["data=chat", "data.pack_buffer=0"], ["data.pack_buffer=0", "at least 1"]),

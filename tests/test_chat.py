@@ -48,7 +48,7 @@ def labelled(tokenizer, row, source=CHAT) -> tuple[list[str], list[str]]:
 
 def test_a_tool_calling_conversation_trains_exactly_the_assistant_side(tokenizer):
     trained, untrained = labelled(tokenizer, TOOL_CONVERSATION)
-    assert trained == [CALL_MARKUP, "<think>\n\n</think>\n\nIt is 18C and sunny.<|im_end|>"]
+    assert trained == [f"<think>\n\n</think>\n\n{CALL_MARKUP}", "<think>\n\n</think>\n\nIt is 18C and sunny.<|im_end|>"]
     prompt = "".join(untrained)
     # the system turn, the tool schemas, the user turn and the tool's result are rendered, untrained
     assert prompt.startswith("<|im_start|>system\nYou are a helpful assistant.\n\n# Tools")

@@ -58,9 +58,12 @@ def spans_of(tokenizer, ids, flags) -> list[str]:
 
 def test_multi_turn_labels_are_exactly_each_assistant_turn_and_its_end_token(tokenizer):
     ids, trained = ChatRenderer(tokenizer).tokens(Conversation(CONVERSATION))
-    # Qwen3's template: the last turn (after the last user query) gets an empty <think> block, the
-    # earlier one none; each is trained as the template writes it
-    assert spans_of(tokenizer, ids, trained) == ["Hello!<|im_end|>", "<think>\n\n</think>\n\nIt is 4.<|im_end|>"]
+    # Qwen3's template gives the last turn (after the last user query) an empty <think> block, the
+    # earlier one none; data.thinking=empty_block opens every turn with it, trained with the turn
+    assert spans_of(tokenizer, ids, trained) == ["<think>\n\n</think>\n\nHello!<|im_end|>",
+                                                 "<think>\n\n</think>\n\nIt is 4.<|im_end|>"]  # fmt: skip
+    as_rendered = ChatRenderer(tokenizer, thinking="as_rendered").tokens(Conversation(CONVERSATION))
+    assert spans_of(tokenizer, *as_rendered) == ["Hello!<|im_end|>", "<think>\n\n</think>\n\nIt is 4.<|im_end|>"]
     untrained = spans_of(tokenizer, ids, [not t for t in trained])
     assert untrained[0] == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
     im_end = tokenizer.token_to_id("<|im_end|>")
@@ -71,7 +74,8 @@ def test_multi_turn_labels_are_exactly_each_assistant_turn_and_its_end_token(tok
     assert inputs == ids[:-1]
     assert labels == [t if flag else IGNORE_INDEX for t, flag in zip(ids[1:], trained[1:])]
     kept = [label for label in labels if label != IGNORE_INDEX]
-    assert tokenizer.decode(kept, skip_special_tokens=False) == "Hello!<|im_end|><think>\n\n</think>\n\nIt is 4.<|im_end|>"
+    assert tokenizer.decode(kept, skip_special_tokens=False) == ("<think>\n\n</think>\n\nHello!<|im_end|><think>\n\n"
+                                                                 "</think>\n\nIt is 4.<|im_end|>")  # fmt: skip
 
 
 def test_prompt_response_row_trains_on_the_response_and_its_end_token(tokenizer):
@@ -84,9 +88,11 @@ def test_prompt_response_row_trains_on_the_response_and_its_end_token(tokenizer)
 
 
 def test_train_on_prompt_trains_every_token(tokenizer):
-    ids, trained = ChatRenderer(tokenizer, train_on_prompt=True).tokens(Conversation(CONVERSATION))
+    ids, trained = ChatRenderer(tokenizer, train_on_prompt=True, thinking="as_rendered").tokens(Conversation(CONVERSATION))
     assert all(trained)
     assert tokenizer.decode(ids, skip_special_tokens=False) == tokenizer.apply_chat_template(CONVERSATION)
+    ids, trained = ChatRenderer(tokenizer, train_on_prompt=True).tokens(Conversation(CONVERSATION))
+    assert all(trained) and tokenizer.decode(ids, skip_special_tokens=False).count("<think>\n\n</think>\n\n") == 2
 
 
 # ---- packing ---------------------------------------------------------------------------------
@@ -211,7 +217,8 @@ def test_chat_samples_carry_labels_only_on_assistant_tokens(tmp_path, tokenizer)
     (sample, labels), = take(dataset, 1)
     assert sample["input"].shape == labels.shape == sample["positions"].shape == (96,)
     kept = [int(t) for t in labels if t != IGNORE_INDEX]
-    assert tokenizer.decode(kept, skip_special_tokens=False) == "Hello!<|im_end|><think>\n\n</think>\n\nIt is 4.<|im_end|>"
+    assert tokenizer.decode(kept, skip_special_tokens=False) == ("<think>\n\n</think>\n\nHello!<|im_end|><think>\n\n"
+                                                                 "</think>\n\nIt is 4.<|im_end|>")  # fmt: skip
     assert sample["positions"][0] == 0 and int(sample["positions"].max()) < 96
 
 
@@ -369,9 +376,12 @@ def test_show_data_prints_rank_0_samples_with_the_spans_without_loss_marked(tmp_
     plan = plan_of(compose_job(*overrides), tmp_path / "run")
     text = show_samples(plan.trainer_config, 1, dp_world_size=2)
     first = json.loads(assets.chat_train_file.read_text().splitlines()[0])["messages"]
-    assert text.startswith("=== sample 1 of rank 0: 2 document(s)")
+    opening, sample = text.split("\n\n", 1)
+    assert opening == ("=== data.thinking=empty_block: every assistant turn opens with '<think>\\n\\n</think>\\n\\n', "
+                       "trained with it (the chat template writes it for a final turn without reasoning only) ===")
+    assert sample.startswith("=== sample 1 of rank 0: 2 document(s)")
     assert f"⟦<|im_start|>system\n{first[0]['content']}<|im_end|>\n<|im_start|>user\n{first[1]['content']}" in text
-    assert f"<|im_start|>assistant\n⟧{first[2]['content']}<|im_end|>⟦\n<|im_start|>user" in text
+    assert f"<|im_start|>assistant\n⟧<think>\n\n</think>\n\n{first[2]['content']}<|im_end|>⟦\n<|im_start|>user" in text
     assert f"<|im_start|>assistant\n⟧<think>\n\n</think>\n\n{first[4]['content']}<|im_end|>" in text
     assert "⟦pad ×" in text
 

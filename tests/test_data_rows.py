@@ -233,7 +233,7 @@ def test_show_data_reads_the_rows_once_and_never_packs_a_conversation_twice(tmp_
     plan = plan_of(compose_job("data=chat", f"data.files={path}", "data.val_files=null", "run.show_data=3"),
                      tmp_path / "run")  # fmt: skip
     text = show_samples(plan.trainer_config, 3, dp_world_size=1)
-    assert text.startswith("=== sample 1 of rank 0: 3 document(s)") and "=== sample 2" not in text
+    assert text.split("\n\n", 1)[1].startswith("=== sample 1 of rank 0: 3 document(s)") and "=== sample 2" not in text
     assert [text.count(reply) for reply in replies] == [1, 1, 1]
     assert text.endswith("=== rank 0's rows end after 1 sample(s) ===")
     assert "re-looped" not in caplog.text

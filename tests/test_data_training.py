@@ -219,3 +219,42 @@ def test_a_mix_of_every_file_form_and_a_hub_data_set_trains_and_resumes_after_ki
 
 def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r}
+
+
+# ---- multi-turn rows, one opening; a bad row among the first trained around ------------------
+
+REPLY = "Forty two."
+SUBJECTS = ("the moon", "heaps", "rivers", "bread", "glass", "wind", "copper", "owls", "tides", "maps", "snow", "bees")
+
+
+def test_multi_turn_rows_teach_one_opening_and_a_bad_first_row_is_trained_around(tmp_path, assets):
+    """100 two-turn rows answered with one constant reply, line 10 without an assistant turn. The
+    launch trains around that row (skipped and counted with why, as the plan's first rows said),
+    says its 100 rows went round, and its export, through transformers' generate with the chat
+    template, answers held-out single-turn questions with the opening data.thinking=empty_block
+    (the default) promises: Qwen3's empty <think> block, then the reply."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def turns(a, b):
+        return [{"role": "user", "content": f"Tell me about {a}."}, {"role": "assistant", "content": REPLY},
+                {"role": "user", "content": f"And {b}?"}, {"role": "assistant", "content": REPLY}]  # fmt: skip
+
+    rows = [{"messages": turns(SUBJECTS[i % 12], SUBJECTS[(5 * i + 3) % 12])} for i in range(100)]
+    rows[9] = {"messages": [{"role": "user", "content": "Hello?"}]}
+    path = write_jsonl(tmp_path / "two_turns.jsonl", rows)
+    run_dir, result = launched(tmp_path / "run", "data=chat", f"data.files={path}", "data.val_files=null",
+                               "training.steps=30", "optimizer.lr=3e-3", "checkpointing=export_hf")  # fmt: skip
+    why, export = f"{path} line 10: no assistant turn: nothing to train on (roles: user)", run_dir / "hf_export"
+    assert f"0 dropped and 1 skipped (e.g. {why})" in result.stderr  # the plan's first rows
+    console = result.stdout.splitlines()
+    went_round = [line for line in console if re.match(r"\[qwen3-neuron\] data: went round: 100 rows, \d\.\d\d passes", line)]
+    assert went_round, [line for line in console if " data: " in line]
+    # each pass reads the bad row again (counted), and it is named once
+    [skipped] = [i for i, line in enumerate(console) if re.match(r"\[qwen3-neuron\]   skipped \d+ \(cannot be read", line)]
+    assert console[skipped + 1:][:2] == [f"[qwen3-neuron]     {why}", f"[qwen3-neuron] HF export: {export}"]
+    tokenizer, model = AutoTokenizer.from_pretrained(export), AutoModelForCausalLM.from_pretrained(export)
+    for question in ("What is a sunset?", "Explain gravity.", "Who builds bridges?", "Name a colour."):
+        inputs = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                               return_tensors="pt", return_dict=True)  # fmt: skip
+        output = model.generate(**inputs, max_new_tokens=24, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+        assert tokenizer.decode(output, skip_special_tokens=False) == f"<think>\n\n</think>\n\n{REPLY}<|im_end|>", question

@@ -22,6 +22,12 @@ turns are not found by re-rendering each prefix as a whole conversation, which Q
 template renders differently (its last assistant turn gets a `<think>` block, and reasoning of
 turns before the last user message is not rendered at all).
 
+Openings (`data.thinking`): Qwen3's template opens the final assistant turn with a `<think>` block
+(empty without reasoning) and earlier turns without one. With `empty_block` (the default) every
+turn the template leaves without a block gets the empty block the template writes for a final turn
+(found once per tokenizer from a probe, not assumed), inside the turn's trained span: every turn
+teaches one opening. `as_rendered` keeps the template's text.
+
 Token ids come from the underlying `tokenizers.Tokenizer` with character offsets, so a span
 boundary inside a BPE merge cannot shift the labels; a token is trained when its characters
 overlap an assistant span.
@@ -216,7 +222,7 @@ def check_messages(messages: list[dict[str, Any]]) -> None:
 class ChatRenderer:
     """Renders and tokenizes conversations with one tokenizer (torchtitan `HuggingFaceTokenizer`)."""
 
-    def __init__(self, tokenizer, train_on_prompt: bool = False):
+    def __init__(self, tokenizer, train_on_prompt: bool = False, thinking: str = "empty_block"):
         if getattr(tokenizer, "_chat_template", None) is None:
             raise ChatFormatError(
                 f"the tokenizer in {getattr(tokenizer, 'tokenizer_path', '?')} has no chat template "
@@ -225,6 +231,8 @@ class ChatRenderer:
         self._tokenizer = tokenizer
         self._train_on_prompt = train_on_prompt
         self.end_of_turn = end_of_turn_marker(tokenizer.apply_chat_template)
+        # data.thinking=empty_block: what every assistant turn without a block opens with ("" : as rendered)
+        self.opening = empty_opening(tokenizer.apply_chat_template) if thinking == "empty_block" else ""
         self._renders_tools: bool | None = None
 
     def render(self, conversation: Conversation) -> str:
@@ -235,7 +243,10 @@ class ChatRenderer:
         (the assistant turns from message `trained_from` on: data=preference trains the response only)."""
         self._check_tools_render(conversation)
         text = self.render(conversation)
-        spans = [] if self._train_on_prompt else self.assistant_spans(conversation, text, trained_from)
+        turns = self._turns(conversation, text) if self.opening or not self._train_on_prompt else []
+        if self.opening:
+            text, turns = self._opened_alike(text, turns)
+        spans = [span for index, span in turns if index >= trained_from]
         encoding = self._tokenizer.tokenizer.encode(text)
         ids, offsets = list(encoding.ids), list(encoding.offsets)
         if self._train_on_prompt:
@@ -251,9 +262,24 @@ class ChatRenderer:
     def assistant_spans(self, conversation: Conversation, text: str, trained_from: int = 0) -> list[tuple[int, int]]:
         """(start, end) character spans of the assistant turns in `text` (from message
         `trained_from` on), end-of-turn marker included."""
+        return [span for index, span in self._turns(conversation, text) if index >= trained_from]
+
+    def _opened_alike(self, text: str, turns: list[tuple[int, tuple[int, int]]]) -> tuple[str, list]:
+        """`text` with the empty opening written at the start of each assistant turn that has no
+        block, and the turns' spans moved to match (each opening inside its turn's span)."""
+        pieces, opened, last, shift = [], [], 0, 0
+        for index, (start, end) in turns:
+            added = "" if text.startswith(self.opening.split()[0], start) else self.opening
+            pieces += [text[last:start], added]
+            opened.append((index, (start + shift, end + shift + len(added))))
+            last, shift = start, shift + len(added)
+        return "".join([*pieces, text[last:]]), opened
+
+    def _turns(self, conversation: Conversation, text: str) -> list[tuple[int, tuple[int, int]]]:
+        """(message index, its span) of every assistant turn in `text`."""
         messages, spans = conversation.messages, []
         for index, message in enumerate(messages):
-            if message["role"] != "assistant" or index < trained_from:
+            if message["role"] != "assistant":
                 continue
             header = self._tokenizer.apply_chat_template(
                 messages[:index], add_generation_prompt=True, **conversation.template_kwargs()
@@ -268,7 +294,7 @@ class ChatRenderer:
             marker = text.find(self.end_of_turn, start)
             if marker < 0:
                 raise ChatFormatError(f"assistant turn {index}: no end-of-turn marker {self.end_of_turn!r} after it")
-            spans.append((start, marker + len(self.end_of_turn)))
+            spans.append((index, (start, marker + len(self.end_of_turn))))
         return spans
 
     def _check_tools_render(self, conversation: Conversation) -> None:
@@ -299,6 +325,15 @@ def end_of_turn_marker(apply_chat_template: Callable[..., str]) -> str:
         raise ChatFormatError("the chat template writes no end-of-turn marker after an assistant turn, "
                               "so the model could not learn to stop")  # fmt: skip
     return marker
+
+
+def empty_opening(apply_chat_template: Callable[..., str]) -> str:
+    """What a template writes between the assistant header and the text of a final turn without
+    reasoning: Qwen3's empty block "<think>\n\n</think>\n\n"; "" for a template without one."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}]
+    text, header = apply_chat_template(messages), apply_chat_template(messages[:1], add_generation_prompt=True)
+    opening = text[len(header):text.find(_PROBE)] if text.startswith(header) and _PROBE in text else ""
+    return opening if opening.strip() else ""
 
 
 def renders_tools(apply_chat_template: Callable[..., str]) -> bool:

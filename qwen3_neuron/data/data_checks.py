@@ -157,7 +157,7 @@ def _check_source(
             f"{columns} ({hint})"
         )
     try:
-        renderer = ChatRenderer(tokenizer, source.train_on_prompt)
+        renderer = ChatRenderer(tokenizer, source.train_on_prompt, source.thinking)
     except ChatFormatError as e:
         raise ConfigError(f"data.kind={source.format}: {e}; use a model dir or hf_assets_path whose tokenizer has one") from e
     if source.format == "preference":

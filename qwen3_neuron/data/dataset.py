@@ -70,7 +70,7 @@ class PackedDataset(IterableDataset, Stateful):
         self._data = self._original_data
         self.source, self.seq_len, self.infinite, self.rank = source, seq_len, infinite, dp_rank
         self._tokenizer = tokenizer
-        self._chat = ChatRenderer(tokenizer, source.train_on_prompt) if source.format != "text" else None
+        self._chat = ChatRenderer(tokenizer, source.train_on_prompt, source.thinking) if source.format != "text" else None
         self._pairs = source.format == "preference"  # a pair's two documents go into one sample
         self._prompts = source.format == "prompts"  # one prompt a sample, generated from by the GRPO step
         pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0
@@ -164,8 +164,9 @@ class PackedDataset(IterableDataset, Stateful):
     def _count(self, stat: str, where: str, why: str) -> None:
         self.stats[stat] += 1
         count = self.stats[stat]
-        if len(self.examples[stat]) < EXAMPLES:
-            self.examples[stat].append(f"{where}: {why}")
+        said = f"{where}: {why}"
+        if len(self.examples[stat]) < EXAMPLES and said not in self.examples[stat]:  # once, on every pass
+            self.examples[stat].append(said)
         if count & (count - 1) == 0:  # 1, 2, 4, 8, ...: visible, never a flood
             log = logger.info if stat == "split" else logger.warning  # split loses nothing: news, not a warning
             log(f"[qwen3-neuron data] {where}: {stat}: {why} ({stat} so far on rank {self.rank}: {count})")

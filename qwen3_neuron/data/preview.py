@@ -41,7 +41,19 @@ def show_samples(config, count: int, dp_world_size: int) -> str:
         blocks.append(format_sample(index, inputs, labels[0].tolist(), positions, tokenizer, sequences))
     if len(blocks) < count:
         blocks.append(f"=== rank 0's rows end after {len(blocks)} sample(s) ===")
-    return "\n\n".join(blocks)
+    openings = [line for line in map(_openings, getattr(loader, "packed_datasets", [])) if line][:1]
+    return "\n\n".join([*openings, *blocks])
+
+
+def _openings(dataset) -> str:
+    """How the assistant turns of a chat source open (data.thinking), in one line; "" for text."""
+    renderer, thinking = getattr(dataset, "_chat", None), dataset.source.thinking
+    if renderer is None or dataset.source.format == "prompts":
+        return ""
+    if thinking == "as_rendered" or not renderer.opening:
+        return f"=== data.thinking={thinking}: assistant turns open as the chat template writes them ==="
+    return (f"=== data.thinking={thinking}: every assistant turn opens with {renderer.opening!r}, trained with it "
+            "(the chat template writes it for a final turn without reasoning only) ===")
 
 
 def format_sample(index: int, inputs: list[int], labels: list[int], positions: list[int], tokenizer,

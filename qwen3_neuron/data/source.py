@@ -49,6 +49,15 @@ class SourceFields:
     """data=chat: keep an assistant turn's reasoning (`reasoning_content` or a <think> block in
     its content) where the template renders it, and train it; drop: train answers without it."""
 
+    thinking: Literal["empty_block", "as_rendered"] = "empty_block"
+    """data=chat|preference, a template with reasoning blocks (Qwen3's `<think>`): how assistant
+    turns open. empty_block: each turn the template writes without a block gets the empty one it
+    writes for a final turn without reasoning (`<think>\n\n</think>\n\n`), trained with the turn, as
+    LLaMA-Factory's enable_thinking does by default: every turn of a multi-turn row teaches the
+    opening the model then writes after `<|im_start|>assistant\n`. as_rendered: the turns as the
+    template writes them (Qwen3's: the last turn with a block, earlier ones without, so a multi-turn
+    row teaches two openings). A template without such a block renders alike either way."""
+
     prompt_field: str | None = None
     """data=chat with instruction rows: the prompt column (a user turn); with `response_field`.
     data=preference: the prompt column (a string, or a message list); null or an empty value:

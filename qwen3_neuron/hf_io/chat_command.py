@@ -5,6 +5,9 @@ the dir's own chat template (`apply_chat_template(..., add_generation_prompt=Tru
 and `--tools` included) and calls `generate()`: greedy unless `--do_sample`, sampling flags named
 as `generate()` names them. Prints the reply only (its reasoning with `--show_reasoning`), and
 says when `--max_new_tokens` cut it (the default is an interactive turn's, not an essay's).
+The generation prompt is the template's own (no `enable_thinking`): the model writes the opening
+its training taught (data.thinking=empty_block: the empty `<think>` block on every turn), which
+is split off the reply here.
 Without `--prompt` it is an interactive prompt that keeps the conversation (`/reset` clears it,
 `/exit` or Ctrl-D leaves). A run dir resolves to its summary's `export_dir` (`hf_export`).
 
