@@ -18,19 +18,32 @@ hits both alike. Per run, the median over steps 2..N of metrics.jsonl:
 Ratios: GRPO's training part / the SFT step (what the loss costs beyond cross-entropy) and the
 whole GRPO step / the SFT step, per repeat and of the medians.
 
+`--mode compiled`: GRPO's generation eager (the KV cache as wide as the prompts) against compiled
+(`compile.enable=true`: the static KV cache, its graphs compiled in step 1), seq_len 256 and 64-token
+completions, the generation seconds per step (median of steps 2..N) per repeat and their ratio,
+and the compiled run's graphs and recompiles (summary.json). `--mode trl`: GRPO steps/s against
+TRL 1.16's `GRPOTrainer` (Transformers' `generate`, no vLLM) on matched work: the tiny HF dir's
+weights, the bundled questions, digit_share, 8 completions of up to 32 tokens for one prompt a
+step, bf16 mixed, loss dapo, beta 0; one process and one thread on both sides
+(OMP_NUM_THREADS=1); each side's generation (sampling and scoring) and training seconds per step.
+
     .venv/bin/python -m bench.grpo_step                        # from the repo root: 6 runs
     .venv/bin/python -m bench.grpo_step --model native
     .venv/bin/python -m bench.grpo_step --model hf-real-vocab   # Qwen3's 151,936-token vocabulary
+    .venv/bin/python -m bench.grpo_step --mode compiled
+    .venv/bin/python -m bench.grpo_step --mode trl
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench.dpo_vs_sft import cpu_name
@@ -53,9 +66,12 @@ SAME_RUN = (
 PARTS = ("generation_seconds", "scoring_seconds", "training_seconds")
 
 
-def launch(args: list[str], run_dir: Path, model: str) -> list[dict]:
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def launch(args: list[str], run_dir: Path, model: str, env: dict | None = None) -> list[dict]:
     result = subprocess.run([sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *SAME_RUN, *MODELS[model], *args],
-                            cwd=REPO, capture_output=True, text=True)  # fmt: skip
+                            cwd=REPO, capture_output=True, text=True, env=env)  # fmt: skip
     if result.returncode != 0:
         raise SystemExit(f"run failed ({' '.join(args)}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -79,6 +95,104 @@ def grpo(run_dir: Path, model: str, generations: int, completion_length: int) ->
             "mean_completion_length": statistics.median(r["completions/mean_length"] for r in steps)}  # fmt: skip
 
 
+def generation(run_dir: Path, model: str, compiled: bool) -> dict:
+    """Generation seconds per step, seq_len 256 and 64-token completions, eager or compiled."""
+    steps = launch(["data=prompts", "grpo.rewards=[examples.my_rewards.digit_share]", "grpo.num_generations=4",
+                    "grpo.max_completion_length=64", "training.seq_len=256", f"compile.enable={str(compiled).lower()}"],
+                   run_dir, model, ONE_THREAD)  # fmt: skip
+    figures = {"generation_seconds": statistics.median(r["generation_seconds"] for r in steps),
+               "mean_completion_length": statistics.median(r["completions/mean_length"] for r in steps)}  # fmt: skip
+    if compiled:
+        record = json.loads((run_dir / "summary.json").read_text())["compiled"]
+        figures |= {"graphs": record["graphs"], "recompiles": record["recompiles"]}
+    return figures
+
+
+def ours_against_trl(run_dir: Path, model: str) -> dict:
+    """Our GRPO step on TRL's matched work (8 completions of up to 32 tokens, one prompt a step)."""
+    steps = launch(["data=prompts", "grpo.rewards=[examples.my_rewards.digit_share]", "grpo.num_generations=8",
+                    "grpo.max_completion_length=32"], run_dir, model, ONE_THREAD)  # fmt: skip
+    generation = statistics.median(r["generation_seconds"] + r["scoring_seconds"] for r in steps)
+    training = statistics.median(r["training_seconds"] for r in steps)
+    return {"step_seconds": generation + training, "generation_seconds": generation, "training_seconds": training}
+
+
+TRL_RUN = r"""
+import json, statistics, sys, time
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+from examples.my_rewards import digit_share
+
+torch.set_num_threads(1)
+model_dir, rows_file, out_dir, steps, seq_len = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+rows = [json.loads(line) for line in open(rows_file)]
+dataset = Dataset.from_list([{"prompt": row["prompt"]} for row in rows])
+args = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=8, num_generations=8, max_completion_length=32,
+                  max_steps=steps, learning_rate=5e-3, lr_scheduler_type="constant", bf16=True, use_cpu=True,
+                  report_to=[], logging_steps=1, save_strategy="no", loss_type="dapo", beta=0.0, seed=0,
+                  dataloader_num_workers=0)
+trainer = GRPOTrainer(model=model_dir, reward_funcs=[digit_share], args=args, train_dataset=dataset,
+                      processing_class=AutoTokenizer.from_pretrained(model_dir))
+generation, steps_seconds = [], []
+generate = trainer._generate_and_score_completions
+def timed(*a, **k):
+    start = time.perf_counter(); out = generate(*a, **k); generation.append(time.perf_counter() - start); return out
+trainer._generate_and_score_completions = timed
+class Steps(TrainerCallback):
+    def on_step_begin(self, *a, **k): self.start = time.perf_counter()
+    def on_step_end(self, *a, **k): steps_seconds.append(time.perf_counter() - self.start)
+trainer.add_callback(Steps())
+trainer.train()
+print(json.dumps({"steps": steps_seconds, "generation": generation}))
+"""
+
+
+def trl(run_dir: Path, model_dir: Path, rows_file: Path) -> dict:
+    """TRL's GRPOTrainer on the same work, one process and one thread; steps 2..N."""
+    result = subprocess.run([sys.executable, "-c", TRL_RUN, str(model_dir), str(rows_file), str(run_dir), str(STEPS),
+                             str(SEQ_LEN)], cwd=REPO, capture_output=True, text=True,
+                            env={**ONE_THREAD, "PYTHONPATH": str(REPO)})  # fmt: skip
+    if result.returncode != 0:
+        raise SystemExit(f"TRL run failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    timings = json.loads(result.stdout.strip().splitlines()[-1])
+    steps, generations = timings["steps"][1:], timings["generation"][1:]
+    step, generation_ = statistics.median(steps), statistics.median(generations)
+    return {"step_seconds": step, "generation_seconds": generation_, "training_seconds": step - generation_}
+
+
+def compiled_mode(args) -> None:
+    print(f"CPU: {cpu_name()}; model={args.model}, 1 rank, one thread, {BATCH} completions a batch (4 per "
+          f"prompt) of up to 64 tokens at seq_len 256; generation seconds a step, medians of steps 2-{STEPS}", flush=True)  # fmt: skip
+    ratios = []
+    with tempfile.TemporaryDirectory(prefix="grpo-generation-") as scratch:
+        for repeat in range(args.repeats):  # interleaved: eager, compiled, eager, compiled, ...
+            eager = generation(Path(scratch) / f"eager-{repeat}", args.model, compiled=False)
+            compiled = generation(Path(scratch) / f"compiled-{repeat}", args.model, compiled=True)
+            ratios.append(compiled["generation_seconds"] / eager["generation_seconds"])
+            print(f"repeat {repeat + 1}: eager (KV cache) {shown(eager)}\n          compiled (static KV cache) "
+                  f"{shown(compiled)}\n          compiled / eager generation {ratios[-1]:.3f}", flush=True)  # fmt: skip
+    print(f"median compiled / eager generation: {statistics.median(ratios):.3f}")
+
+
+def trl_mode(args) -> None:
+    from qwen3_neuron.assets.build import asset_paths
+
+    assets = asset_paths()
+    print(f"CPU: {cpu_name()}; model={args.model}, 1 process, one thread, bf16 mixed; GRPO 8 completions of up to 32 "
+          f"tokens for one prompt a step; medians of steps 2-{STEPS}", flush=True)  # fmt: skip
+    ratios = []
+    with tempfile.TemporaryDirectory(prefix="grpo-trl-") as scratch:
+        for repeat in range(args.repeats):  # interleaved: ours, TRL, ours, TRL, ...
+            ours = ours_against_trl(Path(scratch) / f"ours-{repeat}", args.model)
+            theirs = trl(Path(scratch) / f"trl-{repeat}", assets.tiny_qwen3_dir, assets.preference_train_file)
+            ratios.append(theirs["step_seconds"] / ours["step_seconds"])
+            print(f"repeat {repeat + 1}: ours {shown(ours)}\n          TRL  {shown(theirs)}\n          steps/s "
+                  f"ours / TRL {ratios[-1]:.3f}", flush=True)  # fmt: skip
+    print(f"median steps/s ours / TRL: {statistics.median(ratios):.3f}")
+
+
 def shown(figures: dict) -> str:
     return ", ".join(f"{name} {value:.4g}" for name, value in figures.items())
 
@@ -89,7 +203,10 @@ def main() -> None:
     parser.add_argument("--num_generations", type=int, default=4)
     parser.add_argument("--max_completion_length", type=int, default=32)
     parser.add_argument("--model", choices=tuple(MODELS), default="hf")
+    parser.add_argument("--mode", choices=("sft", "compiled", "trl"), default="sft")
     args = parser.parse_args()
+    if args.mode != "sft":
+        return compiled_mode(args) if args.mode == "compiled" else trl_mode(args)
     if args.model == "hf-real-vocab":
         build_real_vocab_model()
     print(f"CPU: {cpu_name()}; model={args.model}, 1 rank, {BATCH} x {SEQ_LEN} positions trained per step, {STEPS} steps (medians of "
