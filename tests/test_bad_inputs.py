@@ -320,7 +320,8 @@ def test_a_launch_refused_by_the_plan_leaves_no_run_dir_when_its_workers_are_sto
     good = json.dumps({"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]})
     rows = tmp_path / "chats.jsonl"
     rows.write_text("\n".join([good] * 39 + [good[:30]] + [good] * 60) + "\n")
-    held = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests" / "held_refusal"), os.environ.get("PYTHONPATH")]))}
+    paths = [str(REPO / "tests" / "held_refusal"), os.environ.get("PYTHONPATH")]
+    held = {"PYTHONPATH": os.pathsep.join(filter(None, paths))}
     run_dir = tmp_path / "run"
     result = launch(run_dir, "data=chat", f"data.files={rows}", "data.val_files=null", "data.max_dropped=0", env=held)
     assert result.returncode == 2, result.stderr[-2000:]

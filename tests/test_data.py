@@ -88,7 +88,8 @@ def test_prompt_response_row_trains_on_the_response_and_its_end_token(tokenizer)
 
 
 def test_train_on_prompt_trains_every_token(tokenizer):
-    ids, trained = ChatRenderer(tokenizer, train_on_prompt=True, thinking="as_rendered").tokens(Conversation(CONVERSATION))
+    as_rendered = ChatRenderer(tokenizer, train_on_prompt=True, thinking="as_rendered")
+    ids, trained = as_rendered.tokens(Conversation(CONVERSATION))
     assert all(trained)
     assert tokenizer.decode(ids, skip_special_tokens=False) == tokenizer.apply_chat_template(CONVERSATION)
     ids, trained = ChatRenderer(tokenizer, train_on_prompt=True).tokens(Conversation(CONVERSATION))

@@ -161,7 +161,9 @@ def test_the_plan_says_what_the_first_rows_lose_at_this_seq_len(tmp_path, assets
 NO_ASSISTANT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}]}
 
 
-def test_one_bad_row_among_the_first_rows_is_skipped_and_counted_by_the_plan_and_the_workers(tmp_path, assets, tokenizer):
+def test_one_bad_row_among_the_first_rows_is_skipped_and_counted_by_the_plan_and_the_workers(
+    tmp_path, assets, tokenizer
+):
     """One row policy: a row the workers would skip (line 10: no assistant turn) is skipped by the
     plan too, counted with why, within data.max_dropped's default share."""
     from conftest import compose_job, plan_of
@@ -171,16 +173,17 @@ def test_one_bad_row_among_the_first_rows_is_skipped_and_counted_by_the_plan_and
     path = write_jsonl(tmp_path / "chats.jsonl", rows)
     said = []
     plan_of(compose_job("data=chat", f"data.files={path}", "data.val_files=null"), tmp_path / "run", warn=said.append)
+    why = "no assistant turn: nothing to train on (roles: system, user)"
     assert [line for line in said if " data: of " in line] == [
         f"[qwen3-neuron] data: of the first 64 rows of {path} at training.seq_len 256, 0 would be truncated, 0 "
-        f"dropped and 1 skipped (e.g. {path} line 10: no assistant turn: nothing to train on (roles: system, user)); the run counts "
-        "them as it goes, against data.max_dropped=0.1"
+        f"dropped and 1 skipped (e.g. {path} line 10: {why}); the run counts them as it goes, against "
+        "data.max_dropped=0.1"
     ]
     dataset = PackedDataset(chat(path), tokenizer, seq_len=512, infinite=False)
     list(dataset)
     stats = dataset.data_stats()
     assert (stats["rows"], stats["skipped"], stats["documents"]) == (300, 1, 299)
-    assert stats["examples"] == {"skipped": [f"{path} line 10: no assistant turn: nothing to train on (roles: system, user)"]}
+    assert stats["examples"] == {"skipped": [f"{path} line 10: {why}"]}
 
 
 def test_first_rows_over_data_max_dropped_are_refused_with_the_count_and_the_first_of_them(tmp_path, assets):
@@ -200,9 +203,9 @@ def test_first_rows_over_data_max_dropped_are_refused_with_the_count_and_the_fir
         f"21 of the first 64 rows of {path} would not be trained (33 %, more than data.max_dropped=0.1): 0 dropped "
         "(too long for training.seq_len=256), 21 skipped (cannot be read as rows of data.kind=chat); the first: "
         f"{path} line 3: not JSON (Unterminated string starting at column 24): {good[:30]!r}; {path} line 6: no "
-        f"assistant turn: nothing to train on (roles: system, user); {path} line 9: not JSON (Unterminated string starting at column "
-        f"24): {good[:30]!r}. Fix or leave out those rows, raise training.seq_len, or raise data.max_dropped (null: no "
-        "limit)"
+        f"assistant turn: nothing to train on (roles: system, user); {path} line 9: not JSON (Unterminated string "
+        f"starting at column 24): {good[:30]!r}. Fix or leave out those rows, raise training.seq_len, or raise "
+        "data.max_dropped (null: no limit)"
     )
     plan_of(compose_job(*overrides, "data.max_dropped=null"), tmp_path / "run2", warn=lambda _: None)
 

@@ -247,14 +247,15 @@ def test_multi_turn_rows_teach_one_opening_and_a_bad_first_row_is_trained_around
     why, export = f"{path} line 10: no assistant turn: nothing to train on (roles: user)", run_dir / "hf_export"
     assert f"0 dropped and 1 skipped (e.g. {why})" in result.stderr  # the plan's first rows
     console = result.stdout.splitlines()
-    went_round = [line for line in console if re.match(r"\[qwen3-neuron\] data: went round: 100 rows, \d\.\d\d passes", line)]
+    went_round = [line for line in console if re.match(r"\[qwen3-neuron\] data: went round: 100 rows, \d\.\d\d ", line)]
     assert went_round, [line for line in console if " data: " in line]
     # each pass reads the bad row again (counted), and it is named once
-    [skipped] = [i for i, line in enumerate(console) if re.match(r"\[qwen3-neuron\]   skipped \d+ \(cannot be read", line)]
+    [skipped] = [i for i, line in enumerate(console) if re.match(r"\[qwen3-neuron\]   skipped \d+ \(cannot ", line)]
     assert console[skipped + 1:][:2] == [f"[qwen3-neuron]     {why}", f"[qwen3-neuron] HF export: {export}"]
     tokenizer, model = AutoTokenizer.from_pretrained(export), AutoModelForCausalLM.from_pretrained(export)
     for question in ("What is a sunset?", "Explain gravity.", "Who builds bridges?", "Name a colour."):
         inputs = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                                return_tensors="pt", return_dict=True)  # fmt: skip
         output = model.generate(**inputs, max_new_tokens=24, do_sample=False)[0, inputs["input_ids"].shape[1]:]
-        assert tokenizer.decode(output, skip_special_tokens=False) == f"<think>\n\n</think>\n\n{REPLY}<|im_end|>", question
+        reply = tokenizer.decode(output, skip_special_tokens=False)
+        assert reply == f"<think>\n\n</think>\n\n{REPLY}<|im_end|>", question

@@ -89,8 +89,9 @@ def check_data(
         if validator.dataloader.sources is not loader.sources and not any(s.val_fraction for s in loader.sources):
             for source in validator.dataloader.sources:
                 if source.format == "prompts":
-                    rows = _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens, "data.val_files",
-                                          warn=warn)
+                    rows = _check_prompts(
+                        source, tokenizer, config.training.seq_len, completion_tokens, "data.val_files", warn=warn
+                    )
                 else:
                     rows = _check_source(source, "data", "data.val_files", tokenizer, config.training.seq_len, warn)
                 if len(rows) < PEEK_ROWS and len(rows) < world_size:
@@ -204,10 +205,12 @@ def _check_fates(source: DataSource, key: str, placed: list[tuple[dict | RowErro
             fates[what].append(said)
         if what in ("dropped", "skipped"):
             lost.append(said)
-    read, dropped, skipped, truncated = len(placed), len(fates["dropped"]), len(fates["skipped"]), len(fates["truncated"])
+    read, truncated = len(placed), len(fates["truncated"])
+    dropped, skipped = len(fates["dropped"]), len(fates["skipped"])
     first = f"the {read} rows of {source.name()}" if whole else f"the first {read} rows of {source.name()}"
     named = "; ".join(lost[:NAMED_ROWS])
-    counted = f"{dropped} dropped (too long for training.seq_len={seq_len}), {skipped} skipped (cannot be read as rows of data.kind={source.format})"
+    counted = (f"{dropped} dropped (too long for training.seq_len={seq_len}), {skipped} skipped (cannot be read as "
+               f"rows of data.kind={source.format})")  # fmt: skip
     if not skipped and dropped == read:
         raise ConfigError(
             f"training.seq_len={seq_len}: none of {first} keeps a token to train on; the first: "
@@ -240,15 +243,16 @@ def _say_passes(source: DataSource, read: int, whole: bool, kept: list, seq_len:
     if source.format == "prompts":
         samples = len(kept)  # a prompt a sample
     else:
-        packer = Packer(seq_len, 0, "flow" if source.format == "text" and source.overlong == "split" else source.packing,
-                        source.pack_buffer)  # fmt: skip
-        samples = sum(len(packer.add_together(doc) if source.format == "preference" else packer.add(*doc)) for doc in kept)
+        flow = source.format == "text" and source.overlong == "split"
+        packer = Packer(seq_len, 0, "flow" if flow else source.packing, source.pack_buffer)
+        add = packer.add_together if source.format == "preference" else lambda doc: packer.add(*doc)
+        samples = sum(len(add(doc)) for doc in kept)
         samples += len(packer.flush())
     if not samples:
         return
     unit = "prompts" if source.format == "prompts" else "samples"
     if whole:  # every row of the source read (less a validation carve)
-        rows = read - sum(is_validation_row(i, source.val_fraction) for i in range(read)) if source.val_fraction else read
+        rows = read - sum(is_validation_row(i, source.val_fraction) for i in range(read) if source.val_fraction)
         samples = samples * rows / read
         if taken > samples:
             warn(f"[qwen3-neuron] data: the data goes round: the run's steps take {taken:,} {unit}, and the {rows} "
@@ -261,8 +265,8 @@ def _say_passes(source: DataSource, read: int, whole: bool, kept: list, seq_len:
 
 
 def _check_prompts(
-    source: DataSource, tokenizer, seq_len: int, completion_tokens: int, files_key: str = "data.files", key: str = "data",
-    warn: Callable[[str], None] = print, taken: int = 0,
+    source: DataSource, tokenizer, seq_len: int, completion_tokens: int, files_key: str = "data.files",
+    key: str = "data", warn: Callable[[str], None] = print, taken: int = 0,
 ) -> list[dict]:
     """data=prompts: the prompt column there, and each first prompt leaving room for a completion."""
     where = source.hf_dataset or files_key
@@ -287,7 +291,10 @@ def _check_prompts(
                 f"{completion_tokens} more must fit in training.seq_len={seq_len}: raise training.seq_len to at "
                 f"least {length + completion_tokens} or lower grpo.max_completion_length."
             )
-    _check_fates(source, key, placed, whole, lambda row: (prompt_tokens(tokenizer, row, source), None, ""), seq_len, warn, taken)
+    def fate(row):
+        return prompt_tokens(tokenizer, row, source), None, ""
+
+    _check_fates(source, key, placed, whole, fate, seq_len, warn, taken)
     return rows
 
 

@@ -70,7 +70,8 @@ class PackedDataset(IterableDataset, Stateful):
         self._data = self._original_data
         self.source, self.seq_len, self.infinite, self.rank = source, seq_len, infinite, dp_rank
         self._tokenizer = tokenizer
-        self._chat = ChatRenderer(tokenizer, source.train_on_prompt, source.thinking) if source.format != "text" else None
+        chat = source.format != "text"
+        self._chat = ChatRenderer(tokenizer, source.train_on_prompt, source.thinking) if chat else None
         self._pairs = source.format == "preference"  # a pair's two documents go into one sample
         self._prompts = source.format == "prompts"  # one prompt a sample, generated from by the GRPO step
         pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0

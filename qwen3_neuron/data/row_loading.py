@@ -243,7 +243,8 @@ def first_rows(source, n: int, files_key: str = "data.files") -> list[tuple[dict
             raise ConfigError(f"{files_key}: '{empty[0]}' is empty (no rows)")
         if _builder_of(files, files_key) == "json":
             try:
-                placed = list(itertools.islice(((text, f"{path} {at}") for path in files for text, at in json_rows(path)), n))
+                texts = ((text, f"{path} {at}") for path in files for text, at in json_rows(path))
+                placed = list(itertools.islice(texts, n))
             except RowError as e:  # a JSON array that does not parse: not one row of it can be read
                 raise ConfigError(str(e)) from None
             return [(_parsed_or_error(text, where), where) for text, where in placed]
