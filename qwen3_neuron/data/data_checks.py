@@ -256,7 +256,7 @@ def _say_passes(source: DataSource, read: int, whole: bool, kept: list, seq_len:
         samples = samples * rows / read
         if taken > samples:
             warn(f"[qwen3-neuron] data: the data goes round: the run's steps take {taken:,} {unit}, and the {rows} "
-                 f"rows of {source.name()} make about {samples:.0f}: about {taken / samples:.2f} passes over them "
+                 f"row{'s' * (rows != 1)} of {source.name()} make about {samples:.0f}: about {taken / samples:.2f} passes over them "
                  "(each pass reshuffled)")  # fmt: skip
         return
     warn(f"[qwen3-neuron] data: the run's steps take {taken:,} {unit}, about {taken * read / samples:,.0f} rows at the "
