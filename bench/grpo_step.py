@@ -67,10 +67,13 @@ PARTS = ("generation_seconds", "scoring_seconds", "training_seconds")
 
 
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+TRL_SEQ_LEN = 72  # --mode trl: the longest bundled question's 33 tokens + 32 completion tokens, rounded up to 8
 
 
 def launch(args: list[str], run_dir: Path, model: str, env: dict | None = None) -> list[dict]:
-    result = subprocess.run([sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *SAME_RUN, *MODELS[model], *args],
+    given = {arg.partition("=")[0] for arg in args}  # `args` may set a key of SAME_RUN anew (training.seq_len)
+    same = [arg for arg in SAME_RUN if arg.partition("=")[0] not in given]
+    result = subprocess.run([sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *same, *MODELS[model], *args],
                             cwd=REPO, capture_output=True, text=True, env=env)  # fmt: skip
     if result.returncode != 0:
         raise SystemExit(f"run failed ({' '.join(args)}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
@@ -109,9 +112,11 @@ def generation(run_dir: Path, model: str, compiled: bool) -> dict:
 
 
 def ours_against_trl(run_dir: Path, model: str) -> dict:
-    """Our GRPO step on TRL's matched work (8 completions of up to 32 tokens, one prompt a step)."""
+    """Our GRPO step on TRL's matched work (8 completions of up to 32 tokens, one prompt a step), at
+    the seq_len that holds the bundled questions' longest prompt (33 tokens) and a completion: TRL
+    trains each batch at its own longest prompt + completion."""
     steps = launch(["data=prompts", "grpo.rewards=[examples.my_rewards.digit_share]", "grpo.num_generations=8",
-                    "grpo.max_completion_length=32"], run_dir, model, ONE_THREAD)  # fmt: skip
+                    "grpo.max_completion_length=32", f"training.seq_len={TRL_SEQ_LEN}"], run_dir, model, ONE_THREAD)  # fmt: skip
     generation = statistics.median(r["generation_seconds"] + r["scoring_seconds"] for r in steps)
     training = statistics.median(r["training_seconds"] for r in steps)
     return {"step_seconds": generation + training, "generation_seconds": generation, "training_seconds": training}
@@ -181,7 +186,7 @@ def trl_mode(args) -> None:
 
     assets = asset_paths()
     print(f"CPU: {cpu_name()}; model={args.model}, 1 process, one thread, bf16 mixed; GRPO 8 completions of up to 32 "
-          f"tokens for one prompt a step; medians of steps 2-{STEPS}", flush=True)  # fmt: skip
+          f"tokens for one prompt a step (ours at seq_len {TRL_SEQ_LEN}); medians of steps 2-{STEPS}", flush=True)  # fmt: skip
     ratios = []
     with tempfile.TemporaryDirectory(prefix="grpo-trl-") as scratch:
         for repeat in range(args.repeats):  # interleaved: ours, TRL, ours, TRL, ...

@@ -26,8 +26,7 @@ compiled run graphs of their own for it, one per prefill width and one of the de
 (`StaticCache.graph`): each compiled once, beside the training graph, never recompiled.
 
 Under FSDP the parameters are gathered (and cast to the compute dtype) once for a whole generation
-(`gathered`), not around each token's forward: FSDP's hooks still run per forward, but find them
-gathered.
+(`gathered`), not around each token's forward, and FSDP's hooks are left out of the forwards.
 """
 
 from __future__ import annotations
@@ -77,9 +76,16 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
     for module in modules:
         module.set_reshard_after_forward(False, recurse=False)
         module.unshard()
+    # the blocks' forwards run without their module hooks (FSDP's, which have nothing left to do);
+    # the root's stay (FSDP's cast of the inputs to the compute dtype); a compiled block keeps its graph
+    hooked = [module for module in modules if module is not model and module._compiled_call_impl is None]
+    for module in hooked:
+        module._compiled_call_impl = module.forward
     try:
         yield
     finally:
+        for module in hooked:
+            module._compiled_call_impl = None
         for module, setting in zip(modules, settings):
             module.reshard()
             module.set_reshard_after_forward(setting, recurse=False)
