@@ -159,6 +159,8 @@ def _gathering_rank(rank: int, port: int, out_dir: str) -> None:
     all_gather = torch.distributed.all_gather_single  # FSDP2's all-gather of a module's parameters
     torch.distributed.all_gather_single = lambda *a, **k: gathers.append(1) or all_gather(*a, **k)
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))
+    hooked = []  # a block's forward hooks (FSDP's among them) run or not
+    model[1].register_forward_pre_hook(lambda module, args: hooked.append(1))
 
     def sharded(module) -> bool:
         return all(isinstance(p, DTensor) for p in module.parameters(recurse=False))
@@ -167,12 +169,12 @@ def _gathering_rank(rank: int, port: int, out_dir: str) -> None:
         reference = model(x)
         outside = len(gathers)  # each module gathered once per forward; the root keeps its parameters
         with gathered(model):
-            at_entry = len(gathers)
+            at_entry, hooks = len(gathers), len(hooked)
             outputs = [model(x) for _ in range(4)]
-            inside = len(gathers) - at_entry
+            inside, hooks_inside = len(gathers) - at_entry, len(hooked) - hooks
         after = len(gathers)
         model(x)
-    record = {"outside": outside, "at_entry": at_entry - outside, "inside": inside,
+    record = {"outside": outside, "at_entry": at_entry - outside, "inside": inside, "block_hooks_inside": hooks_inside,
               "forward_after": len(gathers) - after, "same": all(torch.equal(out, reference) for out in outputs),
               "blocks_resharded": all(sharded(block) for block in model[:2]),
               "root_kept": not sharded(model[2])}  # fmt: skip
@@ -182,8 +184,9 @@ def _gathering_rank(rank: int, port: int, out_dir: str) -> None:
 
 def test_generation_gathers_each_fsdp_module_once_and_puts_training_back(tmp_path):
     """On two gloo ranks: `gathered` all-gathers each FSDP module once, its forwards then gather
-    nothing and give the FSDP forward's outputs bit for bit; after it, a forward gathers as in
-    training again and reshards the blocks after it (the root keeps its parameters, as before)."""
+    nothing, run no block hooks (FSDP's) and give the FSDP forward's outputs bit for bit; after
+    it, a forward gathers as in training again and reshards the blocks after it (the root keeps
+    its parameters, as before)."""
     import socket
 
     with socket.socket() as free:
@@ -192,5 +195,5 @@ def test_generation_gathers_each_fsdp_module_once_and_puts_training_back(tmp_pat
     torch.multiprocessing.start_processes(_gathering_rank, args=(port, str(tmp_path)), nprocs=2, start_method="fork")
     for rank in range(2):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert record == {"outside": 3, "at_entry": 2, "inside": 0, "forward_after": 3, "same": True,
-                          "blocks_resharded": True, "root_kept": True}, rank  # fmt: skip
+        assert record == {"outside": 3, "at_entry": 2, "inside": 0, "block_hooks_inside": 0, "forward_after": 3,
+                          "same": True, "blocks_resharded": True, "root_kept": True}, rank  # fmt: skip
