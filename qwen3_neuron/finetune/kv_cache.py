@@ -238,7 +238,8 @@ def static_kv_cache(
         attention.register_buffer("static_values", values, persistent=False)
         if not hf_backend:  # a class, not a bound forward: compiled graphs check a module's type, not its identity
             attention.__class__ = _static_class(type(attention))
-    compiled = [module for module in model.modules() if module._compiled_call_impl is not None]
+    # the modules torchtitan compiled (a torch.compile'd call; `gathered`'s hook-free forwards are not)
+    compiled = [m for m in model.modules() if hasattr(m._compiled_call_impl, "_torchdynamo_orig_callable")]
     training_graphs = [module._compiled_call_impl for module in compiled]
     if hf_backend:
         from transformers import AttentionInterface
