@@ -357,6 +357,17 @@ PROMPT_LENGTHS = [5, 14, 9, SEQ_LEN - 4]  # the last leaves 4 columns: its compl
 SUM_ROUNDING = 2**-24 * 768  # the dense MLP's intermediate_size: its down projection sums the most terms
 
 
+def prompts_and_completions() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PROMPT_LENGTHS's prompts of random tokens in [B, SEQ_LEN] buffers, COMPLETION tokens to
+    feed after each, and the row indices."""
+    prompt_lengths = torch.tensor(PROMPT_LENGTHS)
+    generator = torch.Generator().manual_seed(5)
+    prompts = torch.randint(1, 2000, (len(PROMPT_LENGTHS), SEQ_LEN), generator=generator)
+    prompts = prompts.masked_fill(torch.arange(SEQ_LEN) >= prompt_lengths.unsqueeze(1), 0)
+    completions = torch.randint(1, 2000, (len(PROMPT_LENGTHS), COMPLETION), generator=generator)
+    return prompt_lengths, prompts, completions, torch.arange(len(PROMPT_LENGTHS))
+
+
 @pytest.mark.numerics
 @pytest.mark.parametrize("model_kind", ["native", "moe", "hf"])
 def test_cached_generation_has_the_whole_buffers_logits_at_one_token_a_forward(assets, model_kind):
@@ -364,12 +375,7 @@ def test_cached_generation_has_the_whole_buffers_logits_at_one_token_a_forward(a
     every step its next-token logits are those of a forward of the whole buffer (a compiled model's
     way), so it samples the same completions."""
     model, hf_backend = _tiny_policy(assets, model_kind), model_kind == "hf"
-    prompt_lengths = torch.tensor(PROMPT_LENGTHS)
-    generator = torch.Generator().manual_seed(5)
-    prompts = torch.randint(1, 2000, (len(PROMPT_LENGTHS), SEQ_LEN), generator=generator)
-    prompts = prompts.masked_fill(torch.arange(SEQ_LEN) >= prompt_lengths.unsqueeze(1), 0)
-    completions = torch.randint(1, 2000, (len(PROMPT_LENGTHS), COMPLETION), generator=generator)
-    rows = torch.arange(len(PROMPT_LENGTHS))
+    prompt_lengths, prompts, completions, rows = prompts_and_completions()
     widths = []
     model.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
     logits = {}

@@ -9,25 +9,18 @@ from pathlib import Path
 
 import pytest
 from conftest import compose_job, plan_of, read_jsonl, trained
+from test_grpo import COMPLETION, PROMPT_LENGTHS, SEQ_LEN
 import torch
-
-SEQ_LEN, COMPLETION = 256, 8
-PROMPT_LENGTHS = [5, 14, 9, SEQ_LEN - 4]  # the last leaves 4 columns: its completion is cut there
 
 
 def _logits(model, model_kind: str, *, static_backend: str | None = None, whole: bool = False, generations: int = 1):
     """[B, COMPLETION, vocab] next-token logits of the same prompts and forced completions: of a
     whole-buffer forward per token (`whole`) or of the static cache (compiled blocks: `static_backend`)."""
-    from test_grpo import _sampler
+    from test_grpo import _sampler, prompts_and_completions
 
     from qwen3_neuron.finetune.kv_cache import StaticCache
 
-    prompt_lengths = torch.tensor(PROMPT_LENGTHS)
-    generator = torch.Generator().manual_seed(5)
-    prompts = torch.randint(1, 2000, (len(PROMPT_LENGTHS), SEQ_LEN), generator=generator)
-    prompts = prompts.masked_fill(torch.arange(SEQ_LEN) >= prompt_lengths.unsqueeze(1), 0)
-    completions = torch.randint(1, 2000, (len(PROMPT_LENGTHS), COMPLETION), generator=generator)
-    rows = torch.arange(len(PROMPT_LENGTHS))
+    prompt_lengths, prompts, completions, rows = prompts_and_completions()
     step = _sampler(COMPLETION, whole, model=model, hf_backend=model_kind == "hf")
     if not whole:
         step._static_cache = StaticCache(static_backend)
