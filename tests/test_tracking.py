@@ -15,8 +15,10 @@ from conftest import REPO, SWEEP_JOB, compose_config, compose_job, launch, read_
 from mlflow.tracking import MlflowClient
 
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.job import settings as settings_module
+from qwen3_neuron.job.settings import TrackingSettings, check_tracking
 from qwen3_neuron.report import mlflow_tracking
-from qwen3_neuron.report.mlflow_tracking import TrackingSettings, check_tracking, job_params
+from qwen3_neuron.report.mlflow_tracking import job_params
 from qwen3_neuron.run_dir import read_job
 
 EXPERIMENT = "qwen3-neuron"  # tracking.experiment's default
@@ -169,7 +171,7 @@ def test_a_misspelled_tracking_key_and_a_missing_client_are_config_errors(monkey
     with pytest.raises(ConfigError, match=r"Unknown config key 'tracking.urii'. Did you mean 'uri'\?"):
         compose_job("tracking=mlflow", "tracking.urii=sqlite:///x.db")
     assert compose_job("tracking=mlflow").settings.tracking == TrackingSettings(kind="mlflow")
-    monkeypatch.setattr(mlflow_tracking.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(settings_module.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"tracking=mlflow needs MLflow's client, which is not installed"):
         check_tracking(TrackingSettings(kind="mlflow"))
     check_tracking(TrackingSettings())  # tracking=none needs nothing

@@ -142,6 +142,13 @@ def worker_env(device_type: str, nproc: int | None = None) -> dict[str, str]:
     return {}
 
 
+def launch_python_path() -> list[str]:
+    """Where this launch imports from besides the installed packages (the workers' PYTHONPATH, `run.python_path`
+    once settled): its directory, then $PYTHONPATH."""
+    inherited = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return list(dict.fromkeys([os.getcwd(), *map(os.path.abspath, inherited)]))
+
+
 def override_imports(device_type: str, model_kind: str) -> list[str]:
     """`override.imports` entries the device needs for a model kind (`hf`, `native`, `moe`)."""
     _check_known(device_type)

@@ -19,7 +19,6 @@ from typing import Any, Mapping
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
 from qwen3_neuron.job.settings import Settings, check_settings, parse_settings
-from qwen3_neuron.job.torchrun import launch_python_path
 from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir, read_model_dir
 
 
@@ -68,7 +67,7 @@ class Job:
             raise ConfigError(f"device.type={self.device}: {e}") from e
         job = job._with("device", type=device)
         if self.settings.run.python_path is None:  # what a resume from another directory imports again
-            job = job._with("run", python_path=launch_python_path())
+            job = job._with("run", python_path=devices.launch_python_path())
         if device == "neuron":
             job = job._with("device", cache_dir=str(devices.neff_cache_dir(self.settings.device.cache_dir)[0]))
         check_settings(job.settings, device)

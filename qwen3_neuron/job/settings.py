@@ -8,6 +8,7 @@ wrong type here reads exactly like one in a torchtitan section.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
@@ -18,7 +19,6 @@ from qwen3_neuron.eval.eval_section import EvalSettings
 from qwen3_neuron.eval.objective import check_objective
 from qwen3_neuron.fields import apply_fields
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
-from qwen3_neuron.report.mlflow_tracking import TrackingSettings, check_tracking
 
 MOE_KERNELS = "qwen3_neuron.kernels.moe."  # factories replacing MoE experts (kernels=blockwise|nki)
 
@@ -244,6 +244,36 @@ class PreferenceSettings:
     precompute_reference: bool = False
     """finetune=full: the reference's log-probabilities of every pair computed in one pass before
     training, instead of a frozen copy of the weights in memory. Not built yet: refused."""
+
+
+@dataclass(kw_only=True)
+class TrackingSettings:
+    """The `tracking` section: where a run is recorded besides its run dir."""
+
+    kind: Literal["none", "mlflow"] = "none"
+    """none: the run dir only; mlflow: the launcher logs each run (a sweep: a parent run with a
+    child per job) into an MLflow tracking store once its job ends."""
+
+    uri: str | None = None
+    """The tracking store: a server's URL (http://host:5000) or a database (sqlite:///mlflow.db);
+    null: MLflow's own choice (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir)."""
+
+    experiment: str = "qwen3-neuron"
+    """The MLflow experiment the runs go to (made when it is not there)."""
+
+    run_name: str | None = None
+    """The MLflow run's name; null: the run dir's (`<date>/<time>`; a sweep job: `<date>/<time>/<job>`)."""
+
+
+def check_tracking(tracking: TrackingSettings) -> None:
+    """Before anything starts: tracking=mlflow needs MLflow's client (looked up, not imported)."""
+    if tracking.kind != "mlflow":
+        return
+    if importlib.util.find_spec("mlflow") is None:
+        raise ConfigError("tracking=mlflow needs MLflow's client, which is not installed: "
+                          "pip install -e '.[tracking]' (or: pip install mlflow-skinny alembic).")  # fmt: skip
+    if not tracking.experiment:
+        raise ConfigError("tracking.experiment is empty: name the MLflow experiment the runs go to.")
 
 
 @dataclass(kw_only=True)

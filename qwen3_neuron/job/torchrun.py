@@ -67,7 +67,7 @@ def worker_launch(job: Job, run_dir: Path) -> WorkerLaunch:
     ]  # fmt: skip
     # user kernels and rewards importable where the run was first launched are importable in the workers too
     env = {**devices.worker_env(device, nproc), **devices.compiler_env(device),
-           "PYTHONPATH": os.pathsep.join(settings.run.python_path or launch_python_path())}  # fmt: skip
+           "PYTHONPATH": os.pathsep.join(settings.run.python_path or devices.launch_python_path())}  # fmt: skip
     if device == "neuron":  # settled with the job; recorded in command.sh, even when it was exported
         env[devices.NEFF_CACHE_ENV] = settings.device.cache_dir
     return WorkerLaunch(nproc, command, env)
@@ -85,12 +85,6 @@ def compile_cache_line(requested: str | None, launch: WorkerLaunch) -> str | Non
         "every run and sweep job that compiles the same graphs; the only place the project has this run write "
         "outside its run dir"
     )
-
-
-def launch_python_path() -> list[str]:
-    """Where this launch imports from besides the installed packages: its directory, then $PYTHONPATH."""
-    inherited = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    return list(dict.fromkeys([os.getcwd(), *map(os.path.abspath, inherited)]))
 
 
 def torchrun_args(run, nproc: int, run_dir: Path) -> list[str]:

@@ -21,7 +21,6 @@ MLflow is imported by tracking=mlflow runs only (seconds of imports).
 from __future__ import annotations
 
 import getpass
-import importlib.util
 import json
 import logging
 import math
@@ -29,11 +28,11 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Mapping
 
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.job.settings import TrackingSettings
 from qwen3_neuron.eval.objective import objective_value
 from qwen3_neuron.fields import apply_fields
 from qwen3_neuron.run_dir import (
@@ -46,36 +45,6 @@ from qwen3_neuron.run_dir import (
     read_json,
     write_json,
 )
-
-
-@dataclass(kw_only=True)
-class TrackingSettings:
-    """The `tracking` section: where a run is recorded besides its run dir."""
-
-    kind: Literal["none", "mlflow"] = "none"
-    """none: the run dir only; mlflow: the launcher logs each run (a sweep: a parent run with a
-    child per job) into an MLflow tracking store once its job ends."""
-
-    uri: str | None = None
-    """The tracking store: a server's URL (http://host:5000) or a database (sqlite:///mlflow.db);
-    null: MLflow's own choice (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir)."""
-
-    experiment: str = "qwen3-neuron"
-    """The MLflow experiment the runs go to (made when it is not there)."""
-
-    run_name: str | None = None
-    """The MLflow run's name; null: the run dir's (`<date>/<time>`; a sweep job: `<date>/<time>/<job>`)."""
-
-
-def check_tracking(tracking: TrackingSettings) -> None:
-    """Before anything starts: tracking=mlflow needs MLflow's client (looked up, not imported)."""
-    if tracking.kind != "mlflow":
-        return
-    if importlib.util.find_spec("mlflow") is None:
-        raise ConfigError("tracking=mlflow needs MLflow's client, which is not installed: "
-                          "pip install -e '.[tracking]' (or: pip install mlflow-skinny alembic).")  # fmt: skip
-    if not tracking.experiment:
-        raise ConfigError("tracking.experiment is empty: name the MLflow experiment the runs go to.")
 
 
 LINE = "[qwen3-neuron] MLflow"
