@@ -54,13 +54,13 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
         elif periodic:
             why = (f" It stopped before its first checkpoint (checkpoint.interval={saves['interval']}). Start "
                    "the run again: the same command without run.resume, in a new run dir.")
-        elif saves.get("last_save_in_hf"):
-            why = (" It only exported its model (checkpointing=export_hf without periodic): the export holds "
-                   "the weights, not the optimizer, learning-rate schedule or data position a resume continues "
-                   "with. To train on from those weights: a new run with checkpointing=[from_hf,...] "
-                   "checkpoint.initial_load_path=<its hf_export dir>.")
         else:
             why = " Checkpoints are written with checkpointing=periodic (every checkpoint.interval steps)."
+            if saves.get("last_save_in_hf"):
+                why += (" It only exported its model (checkpointing=export_hf without periodic): the export holds "
+                        "the weights, not the optimizer, learning-rate schedule or data position a resume continues "
+                        "with. To train on from those weights: a new run with checkpointing=[from_hf,...] "
+                        "checkpoint.initial_load_path=<its hf_export dir>.")
         raise ConfigError(f"run.resume={run_dir}: no complete checkpoint in {folder}: nothing to continue from.{why}")
     if cut and not _typed("checkpoint.load_step", typed_overrides):  # checkpoint.load_step: the user's pick
         print(f"[qwen3-neuron] warning: checkpoint {folder}/step-{cut[-1]} was cut while saving (no DCP .metadata, "
