@@ -83,8 +83,9 @@ SHARED_RUNS = {
 # build 19; tracking 102 (its file alone on a shared 2-core machine, not yet in a full run).
 LONGEST_FIRST = ("default_run", "test_parallelism.py", "test_dpo.py", "test_tracking.py", "test_lora.py",
                  "test_bad_inputs.py", "test_grpo.py", "test_data_training.py", "test_chat.py", "moe_experiment_run",
-                 "test_hf_integration.py", "test_sweeps.py", "test_devices.py", "test_slurm.py",
-                 "test_memory_at_scale.py", "test_assets.py", "test_config.py", "test_build.py")  # fmt: skip
+                 "test_grpo_wiring.py", "test_grpo_generation.py", "test_hf_integration.py", "test_sweeps.py",
+                 "test_devices.py", "test_slurm.py", "test_memory_at_scale.py", "test_assets.py", "test_config.py",
+                 "test_readme.py", "test_build.py")  # fmt: skip
 
 
 def _unit(nodeid: str) -> str:
