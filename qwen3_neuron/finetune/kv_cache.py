@@ -118,14 +118,21 @@ def _native_cache(model: torch.nn.Module, columns: int) -> Iterator[Forward]:
             del attention.forward  # the class's forward again
 
 
+def _projected(attention: GQAttention, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`GQAttention.forward`'s queries, keys and values [B, L, heads, head dim]: its projections,
+    q/k norms and RoPE at `positions` (LoRA adapters and FSDP's gathers as in training)."""
+    q, k, v = attention.qkv_linear(x)
+    if attention.q_norm is not None:
+        q, k = attention.q_norm(q), attention.k_norm(k)
+    q, k = attention.rope(q, k, positions)
+    return q, k, v
+
+
 def _cached_attention(attention: GQAttention, cache: dict, x: torch.Tensor, mask: torch.Tensor,
                       positions: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """`GQAttention.forward` for the tokens of columns K - L .. K - 1 (mask [B, L, K]), its keys
     and values written to `cache` and attending to all of the cache's first K columns."""
-    q, k, v = attention.qkv_linear(x)  # [B, L, heads, head dim]
-    if attention.q_norm is not None:
-        q, k = attention.q_norm(q), attention.k_norm(k)
-    q, k = attention.rope(q, k, positions)
+    q, k, v = _projected(attention, x, positions)
     end = mask.shape[-1]
     start = end - x.shape[1]
     if "keys" not in cache:
@@ -285,10 +292,7 @@ def _static_attention(
     attention: GQAttention, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
     """`GQAttention.forward` on the static cache: `x`'s keys and values written at `positions`."""
-    q, k, v = attention.qkv_linear(x)  # [B, L, heads, head dim]
-    if attention.q_norm is not None:
-        q, k = attention.q_norm(q), attention.k_norm(k)
-    q, k = attention.rope(q, k, positions)
+    q, k, v = _projected(attention, x, positions)
     keys, values = _written(attention, k.transpose(1, 2), v.transpose(1, 2), positions)
     out = _attend(q, keys, values, mask, attention.scaling)
     return attention.wo(out.flatten(2))
