@@ -210,10 +210,10 @@ def main() -> None:
     parser.add_argument("--model", choices=tuple(MODELS), default="hf")
     parser.add_argument("--mode", choices=("sft", "compiled", "trl"), default="sft")
     args = parser.parse_args()
+    if args.model == "hf-real-vocab":  # built on demand, not with the other assets; every mode can take it
+        build_real_vocab_model()
     if args.mode != "sft":
         return compiled_mode(args) if args.mode == "compiled" else trl_mode(args)
-    if args.model == "hf-real-vocab":
-        build_real_vocab_model()
     print(f"CPU: {cpu_name()}; model={args.model}, 1 rank, {BATCH} x {SEQ_LEN} positions trained per step, {STEPS} steps (medians of "
           f"steps 2-{STEPS}); GRPO {args.num_generations} completions per prompt, up to "
           f"{args.max_completion_length} tokens", flush=True)  # fmt: skip
