@@ -11,7 +11,7 @@ Take `**kwargs` so that columns you do not read are accepted.
 
 from __future__ import annotations
 
-from qwen3_neuron.finetune.rewards import completion_text
+from qwen3_neuron.rewards import completion_text
 
 
 def digit_share(completions, **kwargs) -> list[float]:

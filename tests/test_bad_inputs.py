@@ -173,15 +173,15 @@ PLAN_TIME = [
     ([*GRPO, "training.local_batch_size=6"], ["a rank's batch of 6 completions", "whole groups of grpo.num_generations=4"]),
     ([*GRPO, "grpo.max_completion_length=60"],
      ["line 1: the prompt is ", "grpo.max_completion_length=60 more must fit in training.seq_len=64", "raise training.seq_len"]),
-    (["model=hf", "data=prompts", "grpo.rewards=[qwen3_neuron.finetune.rewards.length_penalty]"],
+    (["model=hf", "data=prompts", "grpo.rewards=[qwen3_neuron.rewards.length_penalty]"],
      ["data=prompts samples completions from the model", "nothing loads weights", "checkpointing=from_hf"]),
     ([*GRPO, "parallelism=tp"], ["data=prompts with tensor parallelism (degree 2) is not built", "parallelism=fsdp"]),
     ([*GRPO, "grpo.rewards=[examples.my_rewards.nothing]"],
      ["grpo.rewards[0]: 'examples.my_rewards.nothing': module 'examples.my_rewards' has no 'nothing'."]),
     ([*GRPO, "grpo.rewards=[no_such_module.reward]"], ["grpo.rewards[0]: 'no_such_module.reward': module 'no_such_module' cannot be imported"]),
     ([*GRPO, "grpo.reward_weights=[1.0,2.0]"], ["grpo.reward_weights has 2 weights for 1 rewards"]),
-    ([*GRPO, "grpo.rewards=[qwen3_neuron.finetune.rewards.exact_answer]"],
-     ["grpo.rewards[0]: qwen3_neuron.finetune.rewards.exact_answer reads the column 'answer' of each row, which the "
+    ([*GRPO, "grpo.rewards=[qwen3_neuron.rewards.exact_answer]"],
+     ["grpo.rewards[0]: qwen3_neuron.rewards.exact_answer reads the column 'answer' of each row, which the "
       "first rows of ", "lack (their columns besides the prompt: chosen, rejected)"]),
     ([*GRPO, "grpo.loss_type=ppo"], ["grpo.loss_type", "'dapo'", "'dr_grpo'"]),
     ([*GRPO, "training.seq_len=63"], ["training.seq_len=63 is not divisible by 2: model=hf (torchtitan's Transformers "

@@ -12,7 +12,7 @@ import pytest
 from conftest import launch, read_jsonl, trained
 import torch
 
-from qwen3_neuron.finetune.grpo import (
+from qwen3_neuron.trainers.grpo_loss import (
     advantages,
     batch_loss,
     token_metric_means,
@@ -266,7 +266,7 @@ def test_a_prompt_of_exactly_seq_len_tokens_leaves_no_room_and_is_refused_or_dro
 
 
 def test_only_completion_tokens_are_trained():
-    from qwen3_neuron.finetune.grpo_step import completion_labels
+    from qwen3_neuron.trainers.grpo import completion_labels
 
     ids = torch.tensor([[1, 2, 3, 40, 41, 9, 0, 0], [1, 2, 40, 41, 42, 43, 44, 0]])
     labels = completion_labels(ids, torch.tensor([3, 2]), torch.tensor([3, 5]))
@@ -296,29 +296,25 @@ def test_a_prompt_longer_than_the_plan_read_gets_the_room_seq_len_leaves_it():
     later prompt that does not is completed up to the end of its sample, not past it."""
     step = _sampler(max_completion_length=4, one_shape=True)
     ids = torch.tensor([[1, 2, 0, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 0, 0]])  # seq_len 8: room 6 and 2
-    lengths = step._sample(_Counting(), ids, torch.tensor([2, 6]), torch.Generator().manual_seed(0))
+    lengths = step.sample(_Counting(), ids, torch.tensor([2, 6]), torch.Generator().manual_seed(0))
     assert lengths.tolist() == [4, 2]
     assert ids.tolist() == [[1, 2, 7, 7, 7, 7, 0, 0], [1, 2, 3, 4, 5, 6, 7, 7]]
 
 
 def _sampler(max_completion_length: int, one_shape: bool, end_id: int = 9, model=None, hf_backend: bool = False):
-    """A GRPOStep with only what `_sample` reads. With torchtitan's own `model`, a whole-buffer
-    forward gets positions and the BlockMask the trainer would build from them; else none (the
-    model's own causal mask)."""
-    from types import SimpleNamespace
+    """The GRPO trainer's sampler. With torchtitan's own `model`, a whole-buffer forward gets
+    positions and the BlockMask the trainer would build from them; else none (the model's own
+    causal mask)."""
+    from qwen3_neuron.generation.sampling import Sampler
 
-    from qwen3_neuron.finetune.grpo_step import GRPOStep
+    def model_inputs(ids):
+        if model is None or hf_backend:
+            return {}
+        positions = torch.arange(ids.shape[1]).repeat(ids.shape[0], 1)
+        return {"positions": positions, "attention_masks": model.get_attention_masks(positions)}
 
-    def post_dataloading_process(input_dict, labels):
-        return input_dict["input"], labels, {"positions": input_dict["positions"],
-                                             "attention_masks": model.get_attention_masks(input_dict["positions"])}  # fmt: skip
-
-    step = GRPOStep.__new__(GRPOStep)
-    step.grpo, step.warpers, step.end_id = SimpleNamespace(max_completion_length=max_completion_length), [], end_id
-    step.tokenizer, step.one_shape, step.hf_backend = SimpleNamespace(eos_id=0), one_shape, hf_backend
-    step.positions = model is not None and not hf_backend
-    step.trainer = SimpleNamespace(post_dataloading_process=post_dataloading_process)
-    return step
+    return Sampler(end_id=end_id, pad_id=0, max_completion_length=max_completion_length, warpers=[],
+                   hf_backend=hf_backend, one_shape=one_shape, model_inputs=model_inputs)  # fmt: skip
 
 
 def _tiny_policy(assets, model_kind: str):
@@ -382,7 +378,7 @@ def test_cached_generation_has_the_whole_buffers_logits_at_one_token_a_forward(a
     for one_shape in (True, False):
         step, ids, tokens, logits[one_shape] = _sampler(COMPLETION, one_shape, model=model, hf_backend=hf_backend), prompts.clone(), None, []
         widths.clear()
-        with torch.no_grad(), step._next_token_logits(model, ids, prompt_lengths) as next_token_logits:
+        with torch.no_grad(), step.next_token_logits(model, ids, prompt_lengths) as next_token_logits:
             for t in range(COMPLETION):
                 logits[one_shape].append(next_token_logits(t, tokens))
                 tokens = completions[:, t]
@@ -399,7 +395,7 @@ def test_cached_generation_has_the_whole_buffers_logits_at_one_token_a_forward(a
     sampled = {}
     for one_shape in (True, False):
         ids = prompts.clone()
-        lengths = _sampler(COMPLETION, one_shape, end_id=3, model=model, hf_backend=hf_backend)._sample(
+        lengths = _sampler(COMPLETION, one_shape, end_id=3, model=model, hf_backend=hf_backend).sample(
             model, ids, prompt_lengths, torch.Generator().manual_seed(3))  # fmt: skip
         sampled[one_shape] = (ids, lengths)
     assert torch.equal(sampled[False][0], sampled[True][0]) and torch.equal(sampled[False][1], sampled[True][1])
@@ -409,7 +405,7 @@ def test_cached_generation_has_the_whole_buffers_logits_at_one_token_a_forward(a
 def test_sampling_follows_grpo_temperature_and_top_p():
     """grpo.temperature divides the scores and grpo.top_p keeps the smallest set of tokens holding
     that much probability; at 1.0 and 1.0 the scores are sampled as they are."""
-    from qwen3_neuron.finetune.grpo_step import logits_warpers
+    from qwen3_neuron.generation.sampling import logits_warpers
 
     ids, scores = torch.zeros(1, 3, dtype=torch.long), torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     assert logits_warpers(1.0, 1.0) == []

@@ -18,15 +18,15 @@ def _logits(model, model_kind: str, *, static_backend: str | None = None, whole:
     whole-buffer forward per token (`whole`) or of the static cache (compiled blocks: `static_backend`)."""
     from test_grpo import _sampler, prompts_and_completions
 
-    from qwen3_neuron.finetune.kv_cache import StaticCache
+    from qwen3_neuron.generation.kv_cache import StaticCache
 
     prompt_lengths, prompts, completions, rows = prompts_and_completions()
     step = _sampler(COMPLETION, whole, model=model, hf_backend=model_kind == "hf")
     if not whole:
-        step._static_cache = StaticCache(static_backend)
+        step.static_cache = StaticCache(static_backend)
     for _ in range(generations):  # a later generation reuses the cache's buffers (and graphs)
         ids, tokens, logits = prompts.clone(), None, []
-        with torch.no_grad(), step._next_token_logits(model, ids, prompt_lengths) as next_token_logits:
+        with torch.no_grad(), step.next_token_logits(model, ids, prompt_lengths) as next_token_logits:
             for t in range(COMPLETION):
                 logits.append(next_token_logits(t, tokens))
                 tokens = completions[:, t]
@@ -92,7 +92,7 @@ def test_compiled_blocks_generate_with_two_graphs_compiled_once(assets, model_ki
 
 
 def test_prompts_take_the_narrowest_prefill_width():
-    from qwen3_neuron.finetune.kv_cache import prefill_width, prefill_widths
+    from qwen3_neuron.generation.kv_cache import prefill_width, prefill_widths
 
     assert prefill_widths(2048) == [128, 256, 512, 1024, 2048]
     assert prefill_widths(64) == [64] and prefill_widths(300) == [128, 256, 300]
@@ -138,7 +138,7 @@ def _gathering_rank(rank: int, port: int, out_dir: str) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor
 
-    from qwen3_neuron.finetune.kv_cache import gathered
+    from qwen3_neuron.generation.kv_cache import gathered
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)

@@ -1,11 +1,11 @@
-"""GRPO's step around its formulas (`finetune.grpo_step`): which completions form a group, where a
+"""GRPO's step around its formulas (`trainers.grpo`): which completions form a group, where a
 completion ends, which tokens train, how the rewards are weighted, how often it generates, and by
 what the loss is divided, on one rank and on two.
 
 The policy is a stand-in whose next token is set by the current one (a table), with a fair coin
 between two tokens after each prompt: some completions end at <|im_end|>, others run to
 `max_completion_length`, and every figure the step reports can be computed by hand from what it
-sampled. Its GRPOStep is the real one, built and installed on a stand-in trainer that runs
+sampled. Its GRPOStep is the real one, wired as GRPOTrainer wires it into a stand-in trainer that runs
 torchtitan's microbatch loop.
 """
 
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from qwen3_neuron.data.prompts import PROMPT, ROW
-from qwen3_neuron.finetune.grpo_step import ADVANTAGES, OLD_LOGPS, install
+from qwen3_neuron.trainers.grpo import ADVANTAGES, OLD_LOGPS, GRPOStep
 from qwen3_neuron.job.settings import GRPOSettings
 
 END, PAD, VOCAB, SEQ_LEN, MAX_COMPLETION = 9, 0, 16, 8, 4
@@ -100,6 +100,14 @@ def _trainer(parallel_dims=None):
 
     trainer.train_step = train_step
     return trainer
+
+
+def install(trainer, grpo: GRPOSettings, seed: int, lora: bool) -> GRPOStep:
+    """The step as `GRPOTrainer` wires it: torchtitan's microbatch loop runs its forward_backward_step."""
+    step = GRPOStep(trainer, grpo, seed, lora, trainer.train_step)
+    step.register()
+    trainer.forward_backward_step = step.forward_backward_step
+    return step
 
 
 def _settings(**changes) -> GRPOSettings:

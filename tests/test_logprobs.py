@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchtitan.components.loss import IGNORE_INDEX
 
-from qwen3_neuron.finetune.logprobs import chunked_token_logps, token_logps
+from qwen3_neuron.models.logprobs import chunked_token_logps, token_logps
 
 
 def _tiny_hf_qwen3(vocab_size: int = 1000):

@@ -29,7 +29,7 @@ OPTIONS = {
     "data=chat": [],
     "data=mix": [],
     "data=preference": ["model=hf", "finetune=lora", "checkpointing=from_hf"],
-    "data=prompts": ["model=hf", "checkpointing=from_hf", "grpo.rewards=[qwen3_neuron.finetune.rewards.length_penalty]",
+    "data=prompts": ["model=hf", "checkpointing=from_hf", "grpo.rewards=[qwen3_neuron.rewards.length_penalty]",
                      "training.local_batch_size=8", "grpo.max_completion_length=64"],
     "data=text": [],
     "data=tiny": [],

@@ -58,7 +58,8 @@ def _ours(modules: set[str], *subpackages: str) -> list[str]:
 FLOORS = [
     {"launch", "worker", "report", "chat"},  # the launcher, the workers, their reports; entry points
     {"job"},  # the one job and its plan
-    {"models", "data", "finetune", "devices", "kernels", "hf_io", "eval", "assets"},
+    {"trainers", "generation", "rewards", "models", "data", "finetune", "devices", "kernels", "hf_io", "eval",
+     "assets"},
     {"errors", "run_dir", "handoff", "fields", "process_exit", "parent_death", "hf_backend"},  # both sides share these
 ]
 FLOOR = {package: len(FLOORS) - level for level, packages in enumerate(FLOORS) for package in packages}

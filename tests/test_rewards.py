@@ -7,8 +7,8 @@ import math
 import pytest
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.finetune.reward_calls import RewardError, Rewards, load_rewards
-from qwen3_neuron.finetune.rewards import exact_answer, final_answer, length_penalty, matches_format
+from qwen3_neuron.rewards.calls import RewardError, Rewards, load_rewards
+from qwen3_neuron.rewards import exact_answer, final_answer, length_penalty, matches_format
 
 
 def _seen(prompts, completions, completion_ids, answer, **kwargs):
@@ -36,7 +36,7 @@ def _text(completions, **kwargs):
 
 
 def test_rewards_are_called_as_trl_calls_them_none_is_nan():
-    rewards = load_rewards([f"{__name__}._seen", "qwen3_neuron.finetune.rewards.length_penalty"], [1.0, 2.0])
+    rewards = load_rewards([f"{__name__}._seen", "qwen3_neuron.rewards.length_penalty"], [1.0, 2.0])
     scores = rewards.score(["p", "p", "q"], ["a", "b", "c"], [[1], [2, 3], [4]],
                            {"answer": ["x", "y", "z"], "level": [1, 2, 3]})  # fmt: skip
     assert _seen.calls[-1] == {"prompts": ["p", "p", "q"], "completions": ["a", "b", "c"],
@@ -61,11 +61,11 @@ def test_a_failing_reward_stops_naming_itself_and_the_completion():
 
 @pytest.mark.parametrize("names, weights, message", [
     (["nowhere_module.f"], None, r"^grpo.rewards\[0\]: 'nowhere_module.f': module 'nowhere_module' cannot be imported"),
-    (["qwen3_neuron.finetune.rewards.nothing"], None, r"^grpo.rewards\[0\]: 'qwen3_neuron.finetune.rewards.nothing': module "
-                                             r"'qwen3_neuron.finetune.rewards' has no 'nothing'\.$"),
-    (["qwen3_neuron.finetune.rewards.NUMBER"], None, r"^grpo.rewards\[0\]: 'qwen3_neuron.finetune.rewards.NUMBER' is a Pattern, not a function\.$"),
+    (["qwen3_neuron.rewards.nothing"], None, r"^grpo.rewards\[0\]: 'qwen3_neuron.rewards.nothing': module "
+                                             r"'qwen3_neuron.rewards' has no 'nothing'\.$"),
+    (["qwen3_neuron.rewards.NUMBER"], None, r"^grpo.rewards\[0\]: 'qwen3_neuron.rewards.NUMBER' is a Pattern, not a function\.$"),
     (["exact_answer"], None, r"^grpo.rewards\[0\]: 'exact_answer' is not module.function"),
-    (["qwen3_neuron.finetune.rewards.exact_answer"], [1.0, 2.0], r"^grpo.reward_weights has 2 weights for 1 rewards"),
+    (["qwen3_neuron.rewards.exact_answer"], [1.0, 2.0], r"^grpo.reward_weights has 2 weights for 1 rewards"),
     ([], None, r"^grpo.rewards is empty"),
 ])  # fmt: skip
 def test_a_reward_that_cannot_be_used_is_named_before_anything_runs(names, weights, message):

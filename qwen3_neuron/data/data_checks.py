@@ -53,7 +53,7 @@ def check_data(
 ) -> None:  # fmt: skip
     """Raise ConfigError on a data section the workers could not train on. data=prompts:
     `completion_tokens` is the room each prompt must leave in training.seq_len
-    (grpo.max_completion_length), and `rewards` (`finetune.reward_calls.Rewards`) checks the
+    (grpo.max_completion_length), and `rewards` (`rewards.calls.Rewards`) checks the
     columns its functions read against the first rows'. `warn` gets what the first rows showed
     that the user should know (rows dropped at this seq_len; with `samples_taken`, the samples the
     run's steps take, all ranks together (data=prompts: prompts), whether the rows go round)."""

@@ -242,7 +242,7 @@ def _check_preference(config: Trainer.Config, settings: Settings, world_size: in
 def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int):
     """data=prompts: GRPO samples from a model that already writes, in whole groups per rank.
     Returns the reward functions (their columns are checked against the first rows)."""
-    from qwen3_neuron.finetune.reward_calls import load_rewards
+    from qwen3_neuron.rewards.calls import load_rewards
 
     grpo = settings.grpo
     rewards = load_rewards(grpo.rewards, grpo.reward_weights)  # importable, callable, one weight each

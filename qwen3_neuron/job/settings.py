@@ -1,5 +1,5 @@
-"""The framework's own config sections: `model`, `kernels`, `device`, `run`, `hf`, `data`,
-`finetune`, `eval`, `tracking`.
+"""The framework's own config sections (`SECTIONS`, one dataclass each: `model`, `kernels`,
+`device`, `run`, `hf`, `data`, `finetune`, `eval`, `trainer` and its objectives' sections, `tracking`).
 
 Everything else in the composed YAML is a torchtitan `Trainer.Config` section under torchtitan's
 own name. These dataclasses are checked by the same code (`fields.apply_fields`), so a typo or a
@@ -19,6 +19,7 @@ from qwen3_neuron.eval.eval_section import EvalSettings
 from qwen3_neuron.eval.objective import check_objective
 from qwen3_neuron.fields import apply_fields
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
+from qwen3_neuron.trainers import TRAINERS, default_trainer
 
 MOE_KERNELS = "qwen3_neuron.kernels.moe."  # factories replacing MoE experts (kernels=blockwise|nki)
 
@@ -222,6 +223,14 @@ class FinetuneSettings:
 
 
 @dataclass(kw_only=True)
+class TrainerSettings:
+    """The `trainer` group: the objective (`qwen3_neuron.trainers`)."""
+
+    name: str | None = None
+    """sft | dpo | grpo; each data kind picks its own (conf/data/*.yaml); null: the data kind's."""
+
+
+@dataclass(kw_only=True)
 class PreferenceSettings:
     """data=preference: the DPO objective (Rafailov et al. 2023), with TRL's names and formulas."""
 
@@ -281,7 +290,7 @@ class GRPOSettings:
     """data=prompts: GRPO with verifiable rewards (Shao et al. 2024), with TRL 1.16's names and formulas."""
 
     rewards: list[str] = field(default_factory=list)
-    """module.function reward functions, called as TRL calls them (qwen3_neuron.finetune.rewards has general ones)."""
+    """module.function reward functions, called as TRL calls them (qwen3_neuron.rewards has general ones)."""
 
     reward_weights: list[float] | None = None
     """One weight per reward (the total is their weighted sum); null: 1 each."""
@@ -328,6 +337,7 @@ class Settings:
     data: DataSettings
     finetune: FinetuneSettings
     eval: EvalSettings
+    trainer: TrainerSettings
     preference: PreferenceSettings
     grpo: GRPOSettings
     tracking: TrackingSettings
@@ -349,6 +359,7 @@ SECTIONS: dict[str, type] = {
     "data": DataSettings,
     "finetune": FinetuneSettings,
     "eval": EvalSettings,
+    "trainer": TrainerSettings,
     "preference": PreferenceSettings,
     "grpo": GRPOSettings,
     "tracking": TrackingSettings,
@@ -357,9 +368,12 @@ SECTIONS: dict[str, type] = {
 
 def parse_settings(composed: Mapping[str, Any]) -> Settings:
     """Read the framework sections of the composed config, checking every key and type."""
-    return Settings(
+    settings = Settings(
         **{name: apply_fields(cls(), composed.get(name) or {}, name) for name, cls in SECTIONS.items()}
     )
+    if settings.trainer.name is None:
+        settings.trainer.name = default_trainer(settings.data.kind)
+    return settings
 
 
 def check_settings(settings: Settings, device: str) -> None:
@@ -385,6 +399,7 @@ def check_settings(settings: Settings, device: str) -> None:
     if settings.finetune.method == "lora":
         _check_lora_numbers(settings.finetune)
     _check_data_files(settings.data)
+    _check_trainer(settings)
     _check_preference(settings)
     _check_grpo(settings)
     check_objective(settings.run.objective, settings.eval)
@@ -442,14 +457,26 @@ def _check_lora_numbers(finetune: FinetuneSettings) -> None:
         )
 
 
+def _check_trainer(settings: Settings) -> None:
+    """A trainer that exists, fed by the data kind."""
+    name, data_kind = settings.trainer.name, settings.data.kind
+    if name not in TRAINERS:
+        raise ConfigError(f"trainer={name}: no such trainer. The trainers: {', '.join(TRAINERS)}.")
+    kinds = TRAINERS[name][1]
+    if data_kind not in kinds:
+        raise ConfigError(f"trainer={name} trains on data={' or data='.join(kinds)} rows, and data={data_kind} "
+                          f"feeds trainer={default_trainer(data_kind)}: choose a data kind that feeds {name}, "
+                          "or leave trainer out.")  # fmt: skip
+
+
 def _check_preference(settings: Settings) -> None:
     """The DPO numbers, and the preference section only where it is used."""
     preference = settings.preference
-    if settings.data.kind != "preference":
+    if settings.trainer.name != "dpo":
         default = PreferenceSettings()
         changed = [name for name in vars(default) if getattr(preference, name) != getattr(default, name)]
         if changed:
-            raise ConfigError(f"preference.{changed[0]} applies to data=preference (this is data={settings.data.kind}).")
+            raise ConfigError(f"preference.{changed[0]} applies to trainer=dpo (this is trainer={settings.trainer.name}).")
         return
     if not preference.beta > 0:
         raise ConfigError(f"preference.beta must be > 0 (TRL's default 0.1), got {preference.beta}.")
@@ -471,11 +498,11 @@ def _check_preference(settings: Settings) -> None:
 def _check_grpo(settings: Settings) -> None:
     """The GRPO numbers, and the grpo section only where it is used."""
     grpo = settings.grpo
-    if settings.data.kind != "prompts":
+    if settings.trainer.name != "grpo":
         default = GRPOSettings()
         changed = [name for name in vars(default) if getattr(grpo, name) != getattr(default, name)]
         if changed:
-            raise ConfigError(f"grpo.{changed[0]} applies to data=prompts (this is data={settings.data.kind}).")
+            raise ConfigError(f"grpo.{changed[0]} applies to trainer=grpo (this is trainer={settings.trainer.name}).")
         return
     if grpo.num_generations < 2:
         raise ConfigError(f"grpo.num_generations={grpo.num_generations}: a group needs at least 2 completions "

@@ -13,6 +13,7 @@ last save is in HF is exported by global rank 0 once every rank has written its 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -61,13 +62,12 @@ def main(run_dir: Path, recorded_job: dict | None = None) -> None:
         from torchtitan.tools.logging import init_logger, logger
 
         from qwen3_neuron.finetune.adapter_save import save_adapters_for_export
-        from qwen3_neuron.finetune.dpo_step import install as install_dpo
-        from qwen3_neuron.finetune.grpo_step import install as install_grpo
         from qwen3_neuron.finetune.frozen_base import keep_requires_grad_through_distribution
         from qwen3_neuron.finetune.step_seed import seed_each_step
         from qwen3_neuron.hf_io.export import exports_hf
         from qwen3_neuron.job.job import Job
         from qwen3_neuron.job.trainer_config import build_trainer_config
+        from qwen3_neuron.trainers import trainer_class
         from qwen3_neuron.worker.end_of_training import meet_after_training, skip_the_closing_sleep
         from qwen3_neuron.worker.full_last_step import keeps_a_full_last_step, save_full_last_step
         from qwen3_neuron.worker.lr_schedule import follow_one_schedule, schedule_end
@@ -103,7 +103,9 @@ def main(run_dir: Path, recorded_job: dict | None = None) -> None:
     trainer = None
     exports = exports_hf(config)
     try:
-        trainer = config.build()
+        # the objective's trainer, built as torchtitan's `config.build()` builds its own: on a copy of the config
+        trainer = trainer_class(settings.trainer.name)(dataclasses.replace(config), settings=settings,
+                                                  seed=config.debug.seed or 0)  # fmt: skip
         trainer.metrics_processor.data_stats = getattr(trainer.dataloader, "data_stats", None)  # the progress line's
         follow_one_schedule(trainer, schedule_end(config))  # before train() loads a checkpoint
         if handoff and os.environ.get("LOCAL_RANK") == "0":
@@ -113,13 +115,7 @@ def main(run_dir: Path, recorded_job: dict | None = None) -> None:
             check_overrides_replaced(trainer, kernels.overrides)  # every rank, before the first step
         if lora and settings.finetune.dropout:
             seed_each_step(trainer)  # a resumed run draws the masks the uninterrupted one drew
-        held = []  # tensors kept across steps besides the model's and the optimizer's
-        if settings.data.kind == "preference":
-            dpo = install_dpo(trainer, settings.preference, lora)  # before the meters wrap the step they measure
-            held = dpo.frozen.copies if dpo.frozen is not None else []
-        if settings.data.kind == "prompts":
-            grpo = install_grpo(trainer, settings.grpo, config.debug.seed or 0, lora)
-            held = grpo.frozen.copies if grpo.frozen is not None else []
+        held = trainer.held_tensors()  # kept across steps besides the model's and the optimizer's
         if config.checkpoint.create_seed_checkpoint:  # the plan checked world size 1, checkpoint.enable
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")
@@ -163,7 +159,10 @@ def import_training(run_dir: Path) -> dict:
     try:
         import torchtitan.trainer  # noqa: F401
 
-        from qwen3_neuron.finetune import dpo_step, grpo_step  # noqa: F401
+        from qwen3_neuron.job.settings import parse_settings
+        from qwen3_neuron.trainers import trainer_class
+
+        trainer_class(parse_settings(recorded_job).trainer.name)  # the objective's trainer and what it imports
         from qwen3_neuron.job import trainer_config  # noqa: F401
 
         if recorded_job["model"]["kind"] == "hf":  # Transformers' model machinery, which every rank builds with

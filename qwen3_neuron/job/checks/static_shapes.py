@@ -41,7 +41,7 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.finetune.kv_cache import prefill_widths
+from qwen3_neuron.generation.kv_cache import prefill_widths
 from qwen3_neuron.job.checks.layout import resolve_degrees
 from qwen3_neuron.models.hf.model_dir import HFModelDir
 

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torchtitan.models.common.attention import GQAttention
 
-from qwen3_neuron.finetune.logprobs import hidden_states_out
+from qwen3_neuron.models.logprobs import hidden_states_out
 
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 HF_STATIC_ATTENTION = "qwen3_neuron_static_cache"  # `_hf_static_attention`'s name in Transformers' AttentionInterface

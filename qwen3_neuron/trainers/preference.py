@@ -1,4 +1,4 @@
-"""data=preference: torchtitan's trainer takes DPO steps (the objective: `finetune.dpo`).
+"""data=preference: torchtitan's trainer takes DPO steps (the objective: `trainers.dpo`).
 
 The seam is the trainer's own `forward_backward_step` (and `train_step`, `validator.validate`),
 replaced on the built trainer as worker/tensor_memory.py's meter is: a loss component sees only
@@ -25,17 +25,14 @@ either way, and the sigmoid loss is ln 2.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 
 import spmd_types as spmd
 import torch
-from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.tensor import DTensor
 from torchtitan.distributed import utils as dist_utils
 
 from qwen3_neuron.data.packing import SEQUENCE_IDS
-from qwen3_neuron.finetune.dpo import (
+from qwen3_neuron.trainers.dpo import (
     METRIC_NAMES,
     mean_metrics,
     pair_metrics,
@@ -43,91 +40,30 @@ from qwen3_neuron.finetune.dpo import (
     sequence_sums,
     step_loss,
 )
-from qwen3_neuron.finetune.logprobs import model_token_logps
+from qwen3_neuron.models.logprobs import model_token_logps
+from qwen3_neuron.trainers.base import ObjectiveTrainer
+from qwen3_neuron.trainers.reference import FrozenReference, adapters_off
 
 METRIC_PREFIX = "preference/"  # the step's DPO metrics in torchtitan's metrics dict
 VALIDATION_PREFIX = "validation_metrics/"
-
-
-@contextmanager
-def adapters_off(model: torch.nn.Module):
-    """The model as it was before LoRA: every LoRALinear's adapter output scaled by 0."""
-    layers = [m for m in model.modules() if hasattr(m, "lora_a") and hasattr(m, "_lora_scaling")]
-    scalings = [m._lora_scaling for m in layers]
-    for layer in layers:
-        layer._lora_scaling = 0.0
-    try:
-        yield
-    finally:
-        for layer, scaling in zip(layers, scalings):
-            layer._lora_scaling = scaling
-
-
 CHECKPOINT_KEY = "dpo_reference"  # the frozen reference's entry in torchtitan's checkpoint states
 
 
-class FrozenReference(Stateful):
-    """finetune=full: the starting weights, kept beside the model's parameters (local shards)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.parameters = list(model.parameters())
-        with torch.no_grad():  # allocated now, so that a checkpoint load has tensors to load into
-            self.copies = [p.detach().clone() for p in self.parameters]
-        self.taken = torch.zeros((), dtype=torch.int64)
-
-    def take(self) -> None:
-        """Copy the weights as they are now (call after torchtitan's initial load)."""
-        with torch.no_grad():
-            for parameter, copy in zip(self.parameters, self.copies):
-                _local(copy).copy_(_local(parameter))
-        self.taken.fill_(1)
-
-    @contextmanager
-    def swapped_in(self):
-        self._swap()
-        try:
-            yield
-        finally:
-            self._swap()
-
-    def _swap(self) -> None:
-        with torch.no_grad():
-            for parameter, copy in zip(self.parameters, self.copies):
-                current, frozen = _local(parameter), _local(copy)
-                held = current.clone()  # one parameter at a time
-                current.copy_(frozen)
-                frozen.copy_(held)
-
-    def state_dict(self) -> dict:
-        return {"taken": self.taken, **{f"weight_{i}": copy for i, copy in enumerate(self.copies)}}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.taken.copy_(state_dict["taken"])
-        for i, copy in enumerate(self.copies):
-            loaded = state_dict[f"weight_{i}"]
-            if loaded is not copy:
-                _local(copy).copy_(_local(loaded))
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 class PreferenceStep:
-    """DPO in place of the trainer's language-model loss (install with `install`)."""
+    """DPO in place of the trainer's language-model loss: `DPOTrainer`'s step. `base_train_step`
+    is torchtitan's own (the microbatch loop), which this step's `train_step` runs."""
 
-    def __init__(self, trainer, preference, lora: bool):
+    def __init__(self, trainer, preference, lora: bool, base_train_step: Callable[[Iterator], None]):
         self.trainer = trainer
         self.frozen = None if lora else FrozenReference(trainer.model_parts[0])
         self.beta, self.loss_type, self.label_smoothing = preference.beta, preference.loss, preference.label_smoothing
         self.sft_weight = preference.sft_weight
-        self._train_step = trainer.train_step
+        self._train_step = base_train_step
         self._global_counts = torch.ones(2, device=trainer.device)  # pairs, chosen tokens
         self._sums = torch.zeros(len(METRIC_NAMES), device=trainer.device)
 
-    def install(self) -> None:
-        self.trainer.train_step = self.train_step
-        self.trainer.forward_backward_step = self.forward_backward_step
+    def register(self) -> None:
+        """The step's metrics, held-out measure and checkpoint state, in the trainer's components."""
         if hasattr(getattr(self.trainer, "validator", None), "dl_config"):  # torchtitan's Validator, when enabled
             self.trainer.validator.validate = self.validate
         self.trainer.metrics_processor.step_metrics = self.step_metrics
@@ -226,7 +162,20 @@ def _counts(sequence_ids: torch.Tensor) -> tuple[int, int]:
     return pairs, int(((sequence_ids >= 0) & (sequence_ids % 2 == 0)).sum())
 
 
-def install(trainer, preference, lora: bool) -> PreferenceStep:
-    step = PreferenceStep(trainer, preference, lora)
-    step.install()
-    return step
+class DPOTrainer(ObjectiveTrainer):
+    """trainer=dpo (data=preference): torchtitan's trainer taking DPO steps (`PreferenceStep`)."""
+
+    def __init__(self, config, *, settings, seed: int):
+        super().__init__(config, settings=settings, seed=seed)
+        self.preference = PreferenceStep(self, settings.preference, self.lora, super().train_step)
+        self.preference.register()
+
+    def train_step(self, data_iterator: Iterator) -> None:
+        self.preference.train_step(data_iterator)
+
+    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens) -> torch.Tensor:
+        return self.preference.forward_backward_step(input_dict=input_dict, labels=labels,
+                                                     global_valid_tokens=global_valid_tokens)  # fmt: skip
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        return self.preference.frozen.copies if self.preference.frozen is not None else []

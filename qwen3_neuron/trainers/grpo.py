@@ -1,6 +1,6 @@
-"""data=prompts: torchtitan's trainer takes GRPO steps (the objective: `finetune.grpo`).
+"""data=prompts: torchtitan's trainer takes GRPO steps (the objective: `trainers.grpo_loss`).
 
-The seam is DPO's (`finetune.dpo_step`): the built trainer's `train_step` and
+The seam is DPO's (`trainers.preference`): the built trainer's `train_step` and
 `forward_backward_step` are replaced; the optimizer, clipping, LR schedule, checkpoints and
 metrics stay torchtitan's. A step:
 
@@ -8,7 +8,7 @@ metrics stay torchtitan's. A step:
    local_batch_size x accumulation completions, `num_generations` per prompt) and samples the
    completions from the current policy (LoRA adapters on), a batch of `local_batch_size` at a
    time, in a buffer [local_batch_size, seq_len]: prompt, completion and padding. With a KV cache
-   (`finetune.kv_cache`): one forward of the prompts, then one of each sampled token alone; FSDP's
+   (`generation.kv_cache`): one forward of the prompts, then one of each sampled token alone; FSDP's
    parameters gathered once for the whole generation. Eager, the prompts' forward is as wide as
    the longest prompt; a compiled model (`compile.enable`, Neuron's one compile) keeps fixed-size
    cache buffers, forwards the buffer's first 128, 256, ... or seq_len columns for the prompts and
@@ -18,10 +18,10 @@ metrics stay torchtitan's. A step:
    step and the rank;
    a completion ends at the tokenizer's end-of-turn (<|im_end|>, kept in it) or at
    `max_completion_length` (then counted as clipped);
-2. rewards on each rank (`finetune.reward_calls`), gathered over the data-parallel ranks: advantages
+2. rewards on each rank (`rewards.calls`), gathered over the data-parallel ranks: advantages
    over the global batch, as TRL's; each rank keeps its own completions' advantages;
 3. torchtitan's `train_step` over the microbatches of completions: per-token log-probabilities
-   through the chunked lm_head (`finetune.logprobs`), the clipped surrogate, the loss normalised
+   through the chunked lm_head (`models.logprobs`), the clipped surrogate, the loss normalised
    by the global batch's completions or tokens (FSDP sums the ranks' gradients).
 With `num_iterations` > 1 the sampling policy's log-probabilities are kept for the ratio; with
 `beta` > 0 the reference is the model with its LoRA adapters off (finetune=lora) or a frozen copy
@@ -37,8 +37,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import spmd_types as spmd
@@ -49,8 +48,7 @@ from torchtitan.distributed import utils as dist_utils
 
 from qwen3_neuron.data.prompts import PROMPT, ROW, prompt_field
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.finetune.dpo_step import FrozenReference, adapters_off
-from qwen3_neuron.finetune.grpo import (
+from qwen3_neuron.trainers.grpo_loss import (
     TOKEN_METRICS,
     advantages,
     batch_loss,
@@ -60,17 +58,12 @@ from qwen3_neuron.finetune.grpo import (
     token_terms,
     total_rewards,
 )
-from qwen3_neuron.finetune.kv_cache import (
-    StaticCache,
-    attention_mask,
-    gathered,
-    kv_cache,
-    position_mask,
-    prefill_width,
-    static_kv_cache,
-)
-from qwen3_neuron.finetune.logprobs import hidden_states_out, model_token_logps
-from qwen3_neuron.finetune.reward_calls import load_rewards
+from qwen3_neuron.generation.kv_cache import StaticCache, gathered
+from qwen3_neuron.generation.sampling import Sampler, logits_warpers
+from qwen3_neuron.models.logprobs import model_token_logps
+from qwen3_neuron.rewards.calls import load_rewards
+from qwen3_neuron.trainers.base import ObjectiveTrainer
+from qwen3_neuron.trainers.reference import FrozenReference, adapters_off
 from qwen3_neuron.hf_backend import HF_BACKEND_NAME
 
 METRIC_PREFIX = "grpo/"  # the step's GRPO metrics in torchtitan's metrics dict
@@ -92,14 +85,13 @@ class Generation:
 
 
 class GRPOStep(Stateful):
-    """GRPO in place of the trainer's language-model loss (install with `install`). A checkpoint
+    """GRPO in place of the trainer's language-model loss: `GRPOTrainer`'s step. `base_train_step`
+    is torchtitan's own (the microbatch loop), which this step's `train_step` runs. A checkpoint
     state: the prompts pulled but not yet generated from and the generation batch still in use
     (`num_iterations` > 1) are this rank's, and a resume goes on with them as the run would have."""
 
-    _static_cache: StaticCache | None = None  # compile.enable: generation's fixed-size KV cache
-    one_shape = False  # the reference the caches are held to in tests: a forward of the whole buffer per token
 
-    def __init__(self, trainer, grpo, seed: int, lora: bool):
+    def __init__(self, trainer, grpo, seed: int, lora: bool, base_train_step: Callable[[Iterator], None]):
         self.trainer, self.grpo, self.seed = trainer, grpo, seed
         # the KL's reference: finetune=lora's model with its adapters off; finetune=full's a frozen copy
         self.frozen = FrozenReference(trainer.model_parts[0]) if grpo.beta and not lora else None
@@ -109,24 +101,27 @@ class GRPOStep(Stateful):
         self.end_id = tokenizer.tokenizer.token_to_id(END_OF_TURN)
         source = trainer.dataloader.packed_datasets[0].source
         self.prompt_field = prompt_field(source)
-        self.warpers = logits_warpers(grpo.temperature, grpo.top_p)
-        self.hf_backend = trainer.config.model_spec.name == HF_BACKEND_NAME
+        hf_backend = trainer.config.model_spec.name == HF_BACKEND_NAME
         # a compiled model (Neuron's one compile) generates on fixed-size buffers, two graphs
         compile_ = trainer.config.compile
-        self._static_cache = StaticCache(compile_.backend) if compile_.enable else None
+        self.sampler = Sampler(
+            end_id=self.end_id, pad_id=tokenizer.eos_id or 0, max_completion_length=grpo.max_completion_length,
+            warpers=logits_warpers(grpo.temperature, grpo.top_p), hf_backend=hf_backend,
+            static_cache=StaticCache(compile_.backend) if compile_.enable else None,
+            model_inputs=lambda ids: self._model_inputs(ids, self._positions(ids))[1],
+        )  # fmt: skip
         # torchtitan's own models take positions, from which the trainer builds the masks their
         # attention needs; the Transformers backend makes its own causal mask
-        self.positions = not self.hf_backend
-        self._train_step = trainer.train_step
+        self.positions = not hf_backend
+        self._train_step = base_train_step
         self._generation: Generation | None = None
         self._steps_on_generation = 0
         self._waiting: list[tuple[torch.Tensor, int, dict]] = []  # prompts pulled, not yet generated from
         self._sums = torch.zeros(len(TOKEN_METRICS))
         self._started = 0.0
 
-    def install(self) -> None:
-        self.trainer.train_step = self.train_step
-        self.trainer.forward_backward_step = self.forward_backward_step
+    def register(self) -> None:
+        """The step's metrics, held-out measure and checkpoint states, in the trainer's components."""
         self.trainer.metrics_processor.step_metrics = self.step_metrics
         self.trainer.checkpointer.states[CHECKPOINT_KEY] = self
         if self.frozen is not None:
@@ -217,7 +212,7 @@ class GRPOStep(Stateful):
                 chunk = repeated[start:start + batch]
                 ids = torch.stack([ids for ids, _, _ in chunk]).to(trainer.device)
                 prompt_lengths = torch.tensor([length for _, length, _ in chunk], device=trainer.device)
-                completion_lengths = self._sample(model, ids, prompt_lengths, generator)
+                completion_lengths = self.sampler.sample(model, ids, prompt_lengths, generator)
                 sequences.append((ids, prompt_lengths, completion_lengths))
                 lengths.append(completion_lengths)
         completion_lengths = torch.cat(lengths)
@@ -290,7 +285,7 @@ class GRPOStep(Stateful):
             for input_dict, _ in batches[:count]:
                 ids = input_dict["input"].to(trainer.device)
                 prompt_lengths = input_dict[PROMPT].to(trainer.device)
-                sequences.append((ids, prompt_lengths, self._sample(model, ids, prompt_lengths, generator)))
+                sequences.append((ids, prompt_lengths, self.sampler.sample(model, ids, prompt_lengths, generator)))
                 rows += [json.loads(row) for row in input_dict[ROW]]
         scores = self._dp_gather(self._score(sequences, rows))
         rewards = total_rewards(scores, torch.tensor(self.rewards.weights, device=scores.device))
@@ -300,81 +295,6 @@ class GRPOStep(Stateful):
         # torchtitan's validation record needs a loss: GRPO's held-out measure is the reward, not a loss
         validator.metrics_processor.log_validation(loss=math.nan, step=step, extra_metrics=extra)
         model.train()
-
-    def _sample(self, model, ids: torch.Tensor, prompt_lengths: torch.Tensor, generator) -> torch.Tensor:
-        """Write each row's completion after its prompt in `ids` (in place); its length, end-of-turn included."""
-        rows = torch.arange(ids.shape[0], device=ids.device)
-        ended = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-        # the plan checked that its first rows leave max_completion_length; a longer prompt further
-        # on gets the room seq_len leaves it, and its completion is cut there (counted as clipped)
-        room = ids.shape[1] - prompt_lengths
-        lengths = room.clamp(max=self.grpo.max_completion_length)
-        tokens = None
-        with self._next_token_logits(model, ids, prompt_lengths) as next_token_logits:
-            for t in range(self.grpo.max_completion_length):
-                scores = next_token_logits(t, tokens)
-                for warper in self.warpers:
-                    scores = warper(ids, scores)
-                probabilities = torch.softmax(scores, dim=-1).cpu()
-                tokens = torch.multinomial(probabilities, 1, generator=generator).squeeze(1).to(ids.device)
-                tokens = torch.where(ended, self.tokenizer.eos_id or 0, tokens)
-                inside = t < room
-                ids[rows[inside], (prompt_lengths + t)[inside]] = tokens[inside]
-                newly = (tokens == self.end_id) & ~ended & inside
-                lengths = torch.where(newly, t + 1, lengths)
-                ended |= newly
-        return lengths
-
-    @contextmanager
-    def _next_token_logits(self, model, ids: torch.Tensor, prompt_lengths: torch.Tensor):
-        """`logits(t, tokens)`: float32 [B, vocab] scores of every row's next token once t tokens
-        are sampled, `tokens` [B] the last of them: the prompts' forward, then one forward of
-        `tokens` alone on the KV cache (`finetune.kv_cache`; compiled: the static cache, its
-        shapes fixed). `one_shape` (the tests' reference): a forward of the whole buffer (in which
-        `_sample` wrote the tokens) each time."""
-        rows = torch.arange(ids.shape[0], device=ids.device)
-        lm_head = model.lm_head
-        last_position = ids.shape[1] - 1
-        if self._static_cache is not None:
-            with static_kv_cache(model, self.hf_backend, self._static_cache, *ids.shape) as forward:
-
-                def static(t: int, tokens) -> torch.Tensor:
-                    if t == 0:  # the buffer's first columns, each row's prompt at its own
-                        width = prefill_width(int(prompt_lengths.max()), ids.shape[1])
-                        positions = torch.arange(width, device=ids.device).repeat(ids.shape[0], 1)
-                        hidden = forward(ids[:, :width], positions, position_mask(positions, ids.shape[1]))
-                        return lm_head(hidden[rows, prompt_lengths - 1]).float()
-                    # a row past its room (its completion cut at seq_len) writes seq_len's last column, unused
-                    positions = (prompt_lengths + t - 1).clamp(max=last_position).unsqueeze(1)
-                    hidden = forward(tokens.unsqueeze(1), positions, position_mask(positions, ids.shape[1]))
-                    return lm_head(hidden[:, 0]).float()
-
-                yield static
-            return
-        if self.one_shape:
-            extra_kwargs = self._model_inputs(ids, self._positions(ids))[1]
-
-            def whole_buffer(t: int, tokens) -> torch.Tensor:
-                with hidden_states_out(model):
-                    hidden = model(ids, **extra_kwargs)
-                return lm_head(hidden[rows, (prompt_lengths + t - 1).clamp(max=ids.shape[1] - 1)]).float()
-
-            yield whole_buffer
-            return
-        width = int(prompt_lengths.max())
-        with kv_cache(model, self.hf_backend, width + self.grpo.max_completion_length) as forward:
-
-            def cached(t: int, tokens) -> torch.Tensor:
-                if t == 0:
-                    positions = torch.arange(width, device=ids.device).repeat(ids.shape[0], 1)
-                    hidden = forward(ids[:, :width], positions, attention_mask(prompt_lengths, width, 0, width))
-                    return lm_head(hidden[rows, prompt_lengths - 1]).float()
-                # a row past its room (its completion cut at seq_len) goes on at seq_len's last position, unused
-                positions = (prompt_lengths + t - 1).clamp(max=last_position).unsqueeze(1)
-                hidden = forward(tokens.unsqueeze(1), positions, attention_mask(prompt_lengths, width, width + t - 1, 1))
-                return lm_head(hidden[:, 0]).float()
-
-            yield cached
 
     def _positions(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """{"positions": 0..S-1 per row} for torchtitan's own models (each row one document), else {}."""
@@ -450,15 +370,6 @@ class GRPOStep(Stateful):
         return dist_utils.dist_sum_tensor(tensor, parallel_dims.get_mesh("batch"))
 
 
-def logits_warpers(temperature: float, top_p: float) -> list:
-    """Transformers' own warpers for sampling's temperature, then top-p; none at 1.0 and 1.0."""
-    # imported here: transformers costs every worker of a run without GRPO a second of start-up
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
-
-    warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
-    return warpers + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
-
-
 def completion_labels(ids: torch.Tensor, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor) -> torch.Tensor:
     """[B, S] labels of prompt + completion rows: the next token where it is a completion token
     (the label of position j is token j + 1), IGNORE_INDEX elsewhere."""
@@ -469,7 +380,20 @@ def completion_labels(ids: torch.Tensor, prompt_lengths: torch.Tensor, completio
     return labels.masked_fill((positions < start) | (positions >= end), IGNORE_INDEX)
 
 
-def install(trainer, grpo, seed: int, lora: bool) -> GRPOStep:
-    step = GRPOStep(trainer, grpo, seed, lora)
-    step.install()
-    return step
+class GRPOTrainer(ObjectiveTrainer):
+    """trainer=grpo (data=prompts): torchtitan's trainer taking GRPO steps (`GRPOStep`)."""
+
+    def __init__(self, config, *, settings, seed: int):
+        super().__init__(config, settings=settings, seed=seed)
+        self.grpo = GRPOStep(self, settings.grpo, seed, self.lora, super().train_step)
+        self.grpo.register()
+
+    def train_step(self, data_iterator: Iterator) -> None:
+        self.grpo.train_step(data_iterator)
+
+    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens) -> torch.Tensor:
+        return self.grpo.forward_backward_step(input_dict=input_dict, labels=labels,
+                                               global_valid_tokens=global_valid_tokens)  # fmt: skip
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        return self.grpo.frozen.copies if self.grpo.frozen is not None else []

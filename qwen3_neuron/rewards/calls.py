@@ -37,7 +37,7 @@ def load_reward(name: str, key: str = "grpo.rewards") -> Callable:
     """`module.function` -> the function; a ConfigError says why it cannot be."""
     module_name, _, attribute = name.rpartition(".")
     if not module_name:
-        raise ConfigError(f"{key}: {name!r} is not module.function (e.g. qwen3_neuron.finetune.rewards.exact_answer).")
+        raise ConfigError(f"{key}: {name!r} is not module.function (e.g. qwen3_neuron.rewards.exact_answer).")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -97,7 +97,7 @@ def load_rewards(names: Sequence[str], weights: Sequence[float] | None) -> Rewar
     """The `grpo.rewards` functions and their weights (1 each when none are given)."""
     if not names:
         raise ConfigError("grpo.rewards is empty: name at least one module.function (e.g. "
-                          "grpo.rewards=[qwen3_neuron.finetune.rewards.exact_answer]).")  # fmt: skip
+                          "grpo.rewards=[qwen3_neuron.rewards.exact_answer]).")  # fmt: skip
     functions = [load_reward(name, f"grpo.rewards[{i}]") for i, name in enumerate(names)]
     if weights is None:
         weights = [1.0] * len(names)

@@ -1,4 +1,4 @@
-"""General reward functions for GRPO (`grpo.rewards=[qwen3_neuron.finetune.rewards.exact_answer, ...]`).
+"""General reward functions for GRPO (`grpo.rewards=[qwen3_neuron.rewards.exact_answer, ...]`).
 
 Each takes TRL's arguments (`prompts`, `completions`, `completion_ids`, and the row's other
 columns as keywords) and returns one float per completion, or None where it does not apply.

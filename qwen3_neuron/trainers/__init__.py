@@ -1,0 +1,29 @@
+"""One trainer per objective, named by the `trainer` config group (`trainer=sft|dpo|grpo`).
+
+Each is a subclass of torchtitan's `Trainer` (torchtitan's own extension pattern, as its Flux
+trainer overrides `forward_backward_step` and `train_step`), built by the workers from the job
+(`trainer_class`). What each data kind can feed, and which trainer it defaults to, is read here by
+the launcher's checks without importing torchtitan.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# name -> (the module:class the workers build, the data kinds that feed it); the first trainer
+# that a data kind feeds is its default
+TRAINERS = {
+    "sft": ("qwen3_neuron.trainers.base:SFTTrainer", ("tiny", "c4", "text", "chat", "mix")),
+    "dpo": ("qwen3_neuron.trainers.preference:DPOTrainer", ("preference",)),
+    "grpo": ("qwen3_neuron.trainers.grpo:GRPOTrainer", ("prompts",)),
+}
+
+
+def default_trainer(data_kind: str) -> str:
+    """The trainer a data kind means when `trainer` is not named."""
+    return next(name for name, (_, kinds) in TRAINERS.items() if data_kind in kinds)
+
+
+def trainer_class(name: str) -> type:
+    module, _, cls = TRAINERS[name][0].partition(":")
+    return getattr(importlib.import_module(module), cls)
