@@ -167,7 +167,7 @@ PLAN_TIME = [
     ([*DPO, "preference.label_smoothing=0.1"], ["preference.label_smoothing applies to preference.loss=robust"]),
     ([*DPO, "preference.sft_weight=-1"], ["preference.sft_weight must be >= 0"]),
     ([*DPO, "preference.loss=robust", "preference.label_smoothing=0.5"], ["preference.label_smoothing=0.5", "0 <= p < 0.5"]),
-    (["data=chat", "preference.beta=0.2"], ["preference.beta applies to data=preference (this is data=chat)"]),
+    (["data=chat", "preference.beta=0.2"], ["preference.beta applies to trainer=dpo (this is trainer=sft)"]),
     (["data=mix", "data.sources=[{files:'{bad}/pairs.jsonl',format:preference}]"], ["format=preference", "use data=preference"]),
     ([*GRPO, "grpo.num_generations=1"], ["grpo.num_generations=1: a group needs at least 2 completions"]),
     ([*GRPO, "training.local_batch_size=6"], ["a rank's batch of 6 completions", "whole groups of grpo.num_generations=4"]),
@@ -189,7 +189,8 @@ PLAN_TIME = [
     ([*GRPO, "data.files={bad}/dict_prompts.jsonl"],
      ["line 1: data.prompt_field=prompt: the prompt is one message, not a list of them; a prompt is a list of "
       'messages ([{"role": "user", "content": "..."}]) or a string']),
-    (["data=chat", "grpo.beta=0.1"], ["grpo.beta applies to data=prompts (this is data=chat)"]),
+    (["data=chat", "grpo.beta=0.1"], ["grpo.beta applies to trainer=grpo (this is trainer=sft)"]),
+    (["data=chat", "trainer=grpo"], ["trainer=grpo trains on data=prompts rows, and data=chat feeds trainer=sft"]),
 ]  # fmt: skip
 
 
@@ -277,6 +278,7 @@ LAUNCH_TIME = [
     (["model=nativ"], ["model=nativ: no such option", "native"]),
     (["experiment=cpu_qwen3_tiny"], ["experiment=cpu_qwen3_tiny: no such option", "cpu_qwen3_tiny_native"]),
     (["device=tpu"], ["device=tpu: no such option", "cpu"]),
+    (["trainer=dpp"], ["trainer=dpp: no such option. Did you mean 'dpo'?"]),
     (["data=text", "data.files=/nonexistent/corpus.jsonl"], ["data.files: '/nonexistent/corpus.jsonl' does not exist"]),
     (["data=chat", "data.files=/nonexistent/*.jsonl"], ["data.files: '/nonexistent/*.jsonl' matches no file"]),
     (["kernels=blockwise"], ["kernels=blockwise replaces the experts", "use model=moe"]),

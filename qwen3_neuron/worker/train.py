@@ -159,10 +159,11 @@ def import_training(run_dir: Path) -> dict:
     try:
         import torchtitan.trainer  # noqa: F401
 
-        from qwen3_neuron.job.settings import parse_settings
-        from qwen3_neuron.trainers import trainer_class
+        from qwen3_neuron.trainers import default_trainer, trainer_class
 
-        trainer_class(parse_settings(recorded_job).trainer.name)  # the objective's trainer and what it imports
+        # the objective's trainer and what it imports (the job's settings are parsed by each rank)
+        named = (recorded_job.get("trainer") or {}).get("name")
+        trainer_class(named or default_trainer(recorded_job["data"]["kind"]))
         from qwen3_neuron.job import trainer_config  # noqa: F401
 
         if recorded_job["model"]["kind"] == "hf":  # Transformers' model machinery, which every rank builds with
