@@ -66,6 +66,40 @@ def test_the_static_cache_has_the_whole_buffers_logits_at_every_token(assets, mo
     _assert_whole_buffers(_logits(model, model_kind), whole, _summed(model_kind))
 
 
+def test_short_prompts_prefill_the_narrowest_width_and_decode_one_column(assets):
+    """A real generation's prompts (here the longest 14 tokens in a 256-column buffer) go through
+    the compiled path's narrowest prefill width, 128, not the whole buffer (on Neuron each width is
+    a graph of its own, the widest the dearest); then one column per token. The logits stay the
+    whole buffer's."""
+    from test_grpo import _sampler, _tiny_policy, prompts_and_completions
+
+    from qwen3_neuron.generation.kv_cache import StaticCache
+    from qwen3_neuron.models.tiny import TINY_DENSE
+
+    model = _tiny_policy(assets, "native")
+    prompt_lengths, prompts, completions, rows = (t[:3] for t in prompts_and_completions())  # 5, 14, 9 tokens
+    widths = []
+    hook = model.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
+    logits = {}
+    try:
+        for whole in (True, False):
+            step = _sampler(COMPLETION, whole, model=model)
+            step.static_cache = None if whole else StaticCache(None)
+            ids, tokens, logits[whole] = prompts.clone(), None, []
+            widths.clear()
+            with torch.no_grad(), step.next_token_logits(model, ids, prompt_lengths) as next_token_logits:
+                for t in range(COMPLETION):
+                    logits[whole].append(next_token_logits(t, tokens))
+                    tokens = completions[:, t]
+                    ids[rows, prompt_lengths + t] = tokens
+    finally:
+        hook.remove()
+    assert widths == [128] + [1] * (COMPLETION - 1)
+    whole, static = torch.stack(logits[True], 1), torch.stack(logits[False], 1)
+    tolerance = 2**-24 * max(TINY_DENSE["intermediate_size"], SEQ_LEN) * float(whole.abs().max())
+    torch.testing.assert_close(static, whole, atol=tolerance, rtol=0)
+
+
 def _frames(names: set[str]) -> list[str]:
     from torch._dynamo.utils import get_compilation_metrics
 
