@@ -424,6 +424,33 @@ def test_sampling_follows_grpo_temperature_and_top_p():
     assert torch.isfinite(warped(0.5, 0.8)).tolist() == [[True, False, False, False]]
 
 
+def test_the_no_signal_line_comes_as_a_streak_doubles_and_the_live_line_keeps_80_columns(tmp_path):
+    """Ten steps without a learning signal are said at steps 1, 2, 4 and 8 of the streak and
+    nowhere between; a step with a signal ends it, and the next streak is said from its own first
+    step. The live line of a GRPO run with a held-out reward keeps tok/s and the ETA within the 79
+    columns an 80-column terminal shows (the line is cut there)."""
+    from test_sweeps import write_records
+
+    from qwen3_neuron.launch.progress import Progress
+
+    zero_std = [1.0] * 10 + [0.5] + [1.0] * 2
+    write_records(tmp_path, [{"step": s, "loss": 0.0, "reward": 0.5, "frac_reward_zero_std": z,
+                              "tokens_per_second": 12345.0, "mfu": 0.1, "elapsed_seconds": float(s)}
+                             for s, z in enumerate(zero_std, start=1)])  # fmt: skip
+    out = io.StringIO()
+    progress = Progress(tmp_path / "metrics.jsonl", total_steps=100, stream=out)
+    progress._poll()
+    said = [line.split(": every")[0].split("no learning signal at ")[1] for line in out.getvalue().splitlines()
+            if "no learning signal" in line]  # fmt: skip
+    assert said == ["step 1", "steps 1-2, 2 in a row", "steps 1-4, 4 in a row", "steps 1-8, 8 in a row",
+                    "step 12", "steps 12-13, 2 in a row"]  # fmt: skip
+    progress._validation = (10, "val reward", 0.25)
+    line = progress.line()
+    assert line == "[qwen3-neuron]  step 13/100  reward 0.500 val 0.250  tok/s 12,345  ETA 0:01:27"
+    assert len(line) <= 79
+    progress.stop()
+
+
 def test_grpo_rewards_reach_the_summary_the_end_of_run_lines_and_the_objective(tmp_path, assets):
     from conftest import compose_job
     from test_sweeps import csv_rows, write_records
@@ -465,7 +492,7 @@ def test_grpo_rewards_reach_the_summary_the_end_of_run_lines_and_the_objective(t
     progress._poll()
     progress.stop()
     shown = out.getvalue().splitlines()
-    assert "step 3/3  reward 0.4200  loss 0.0333  val reward 0.3000 (step 2)" in shown[-1]
+    assert shown[-1] == "[qwen3-neuron]  step 3/3  reward 0.420 val 0.300  ETA 0:00:00"
     said = [line for line in shown if "no learning signal" in line]
     assert [line.split(": every")[0] for line in said] == [
         "[qwen3-neuron]  no learning signal at step 1", "[qwen3-neuron]  no learning signal at steps 1-2, 2 in a row"]

@@ -123,17 +123,20 @@ class Progress:
         if last is None:
             return f"{PREFIX}{label}  starting ({_clock(time.monotonic() - self._start)})"
         parts = [f"step {last['step']}/{self._total}"]
-        if last.get("reward") is not None:  # data=prompts: the reward is what moves, not the surrogate loss
-            parts.append(f"reward {last['reward']:.4f}")
-        parts.append(f"loss {last.get('loss', float('nan')):.4f}")
-        if self._validation is not None:
-            step, figure, value = self._validation
-            parts.append(f"{figure} {value:.4f} (step {step})")
+        grpo = last.get("reward") is not None
+        if grpo:  # the reward is what moves, not the surrogate loss (in metrics.jsonl): the line keeps 80 columns
+            held_out = f" val {self._validation[2]:.3f}" if self._validation is not None else ""
+            parts.append(f"reward {last['reward']:.3f}{held_out}")
+        else:
+            parts.append(f"loss {last.get('loss', float('nan')):.4f}")
+            if self._validation is not None:
+                step, figure, value = self._validation
+                parts.append(f"{figure} {value:.4f} (step {step})")
         if last.get("reward_accuracy") is not None:  # data=preference
             parts.append(f"acc {last['reward_accuracy']:.2f}  margin {last['reward_margin']:.3f}")
         if last.get("tokens_per_second") is not None:
             parts.append(f"tok/s {last['tokens_per_second']:,.0f}")
-        if last.get("mfu") is not None:
+        if last.get("mfu") is not None and not grpo:
             parts.append(f"mfu {100 * last['mfu']:.2f}%")
         if last.get("rows_not_trained", 0) > WARN_NOT_TRAINED:
             parts.append(f"WARNING {100 * last['rows_not_trained']:.1f}% rows not trained")
