@@ -27,6 +27,14 @@ def _raises_on_b(completions, **kwargs):
     return [1.0] * len(completions)
 
 
+def _number(text: str) -> float:
+    return float(text)
+
+
+def _through_a_helper(completions, **kwargs):
+    return [_number(c) for c in completions]
+
+
 def _too_few(completions, **kwargs):
     return [1.0]
 
@@ -52,6 +60,12 @@ def test_a_failing_reward_stops_naming_itself_and_the_completion():
     line = _raises_on_b.__code__.co_firstlineno + 2
     assert str(raised.value) == (f"reward test_rewards._raises_on_b raised KeyError: 'b' at {__file__}, line {line}: "
                                  "raise KeyError(\"b\") on completion 1 (prompt 'q', completion 'b')")
+    with pytest.raises(RewardError) as raised:  # inside a helper of the user's file: the helper's line
+        load_rewards([f"{__name__}._through_a_helper"], None).score(["p", "q"], ["1", "b"], [[1], [2]], {})
+    line = _number.__code__.co_firstlineno + 1
+    assert str(raised.value).startswith(f"reward test_rewards._through_a_helper raised ValueError: could not convert "
+                                        f"string to float: 'b' at {__file__}, line {line}: return float(text) on "
+                                        "completion 1")  # fmt: skip
     with pytest.raises(RewardError, match=r"^reward test_rewards._too_few returned 1 rewards for 2 completions"):
         load_rewards([f"{__name__}._too_few"], None).score(["p", "q"], ["a", "b"], [[1], [2]], {})
     with pytest.raises(RewardError, match=r"^reward test_rewards._text returned 'high' for completion 0 "
