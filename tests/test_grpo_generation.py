@@ -162,6 +162,10 @@ def test_the_memory_plan_keeps_a_compiled_runs_static_cache_all_run(tmp_path, as
     assert compiled.memory.static_cache_gib * GIB == cache and eager.memory.static_cache_gib == 0
     assert (eager.memory.generation_gib - compiled.memory.generation_gib) * GIB == pytest.approx(cache)
     assert "static KV cache" in compiled.memory.line()
+    # the cache is held at every moment of the step: at the peak (the loss's, not sampling's) the
+    # compiled run's total is the eager run's plus the cache
+    assert compiled.memory.peak_at == eager.memory.peak_at != "GRPO's generation"
+    assert (compiled.memory.per_rank_gib - eager.memory.per_rank_gib) * GIB == pytest.approx(cache)
 
 
 def _gathering_rank(rank: int, port: int, out_dir: str) -> None:
