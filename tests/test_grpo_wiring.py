@@ -193,8 +193,9 @@ def test_num_iterations_trains_on_one_generation_that_many_steps():
     assert len(CALLS) == 2 and CALLS[1]["prompts"] == ["two"] * 4 + ["seven"] * 4
 
 
-def _rank(rank: int, port: int, loss_type: str, out_dir: str) -> None:
-    """One of two data-parallel ranks (gloo): a GRPO step on its own prompts, what it trained recorded."""
+def _rank(rank: int, port: int, loss_type: str, out_dir: str, same_prompts: bool = False) -> None:
+    """One of two data-parallel ranks (gloo): a GRPO step on its own prompts (or both ranks on the
+    same), what it trained recorded."""
     import os
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -204,7 +205,8 @@ def _rank(rank: int, port: int, loss_type: str, out_dir: str) -> None:
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("batch",))
     trainer = _trainer(SimpleNamespace(dp_enabled=True, get_mesh=lambda name: mesh))
     step = install(trainer, _settings(loss_type=loss_type), seed=3, lora=False)
-    step.train_step(_prompt_batches([["two", "seven"], ["seven", "two"]][rank] * 2))
+    prompts = [["two", "seven"], ["seven", "two"]][0 if same_prompts else rank]
+    step.train_step(_prompt_batches(prompts * 2))
     names, completions = _completions(step._generation.microbatches)
     advantages = torch.cat([input_dict[ADVANTAGES] for input_dict, _ in step._generation.microbatches]).tolist()
     record = {"names": names, "completions": completions, "advantages": advantages,
@@ -240,6 +242,22 @@ def test_two_ranks_divide_the_loss_by_the_global_batch(tmp_path, loss_type):
             expected = sum(-a for a in hand["advantages"]) / 16
         assert rank["loss"] == pytest.approx(expected, abs=1e-6)
         assert rank["reward"] == pytest.approx((by_hand[0]["reward"] + by_hand[1]["reward"]) / 2, abs=1e-6)
+
+
+def test_each_data_parallel_rank_samples_its_own_stream(tmp_path):
+    """Two ranks given the same prompts at the same step sample different completions: each rank's
+    generator is its own (seeded by the seed, the step and the rank), so the ranks' groups are not
+    copies of each other."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    torch.multiprocessing.start_processes(_rank, args=(port, "dapo", str(tmp_path), True), nprocs=2,
+                                          start_method="fork")  # fmt: skip
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert ranks[0]["names"] == ranks[1]["names"]
+    assert ranks[0]["completions"] != ranks[1]["completions"]
 
 
 # ---- a user's reward module, as a new user brings one ----------------------------------------
