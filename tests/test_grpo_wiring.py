@@ -87,7 +87,7 @@ def _trainer(parallel_dims=None):
         dataloader=SimpleNamespace(packed_datasets=[SimpleNamespace(source=SimpleNamespace(prompt_field="prompt"))]),
         config=SimpleNamespace(training=SimpleNamespace(local_batch_size=4), compile=SimpleNamespace(enable=False),
                                model_spec=SimpleNamespace(name="qwen3")),
-        parallel_dims=parallel_dims or SimpleNamespace(dp_enabled=False),
+        parallel_dims=parallel_dims or SimpleNamespace(dp_enabled=False, tp=1),
         metrics_processor=SimpleNamespace(ntokens_since_last_log=0, data_loading_times=[]),
         checkpointer=SimpleNamespace(states={}), train_context=nullcontext, losses=[],
         post_dataloading_process=lambda input_dict, labels: (input_dict["input"], labels, {}),
@@ -175,6 +175,22 @@ def test_a_groups_completions_answer_one_prompt_end_at_im_end_and_train_to_it():
     assert metrics["grpo/frac_reward_zero_std"] == 0.0
 
 
+def test_completions_train_on_their_longest_prompt_and_completion_not_the_whole_buffer(monkeypatch):
+    """Eager, a batch of completions in 24-column buffers trains on the columns its longest prompt
+    + completion fills (7, rounded up to 8), as TRL trains each batch at its longest: the padding
+    after it costs no training; the labels there were all ignored anyway."""
+    import test_grpo_wiring
+
+    monkeypatch.setattr(test_grpo_wiring, "SEQ_LEN", 24)
+    step = install(_trainer(), _settings(), seed=3, lora=False)
+    step.train_step(_prompt_batches(["two", "seven"]))
+    names, completions = _completions(step._generation.microbatches)
+    ends = [len(PROMPTS[name][0]) + (c.index(END) + 1 if END in c else len(c)) for name, c in zip(names, completions)]
+    assert max(ends) == 7
+    assert [tuple(d["input"].shape) for d, _ in step._generation.microbatches] == [(4, 8), (4, 8)]
+    assert [tuple(labels.shape) for _, labels in step._generation.microbatches] == [(4, 8), (4, 8)]
+
+
 def test_num_iterations_trains_on_one_generation_that_many_steps():
     """grpo.num_iterations=2: the second step trains on the first's completions (no new sampling,
     no new rewards), with the sampling policy's log-probabilities kept for the ratio."""
@@ -203,7 +219,7 @@ def _rank(rank: int, port: int, loss_type: str, out_dir: str, same_prompts: bool
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("batch",))
-    trainer = _trainer(SimpleNamespace(dp_enabled=True, get_mesh=lambda name: mesh))
+    trainer = _trainer(SimpleNamespace(dp_enabled=True, tp=1, get_mesh=lambda name: mesh))
     step = install(trainer, _settings(loss_type=loss_type), seed=3, lora=False)
     prompts = [["two", "seven"], ["seven", "two"]][0 if same_prompts else rank]
     step.train_step(_prompt_batches(prompts * 2))

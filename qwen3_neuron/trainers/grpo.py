@@ -321,6 +321,7 @@ class GRPOStep(Stateful):
     def _microbatches(self, model, sequences, local_advantages) -> list[tuple[dict, torch.Tensor]]:
         microbatches, offset = [], 0
         for ids, p, n in sequences:
+            ids = ids[:, :self._trained_width(ids, p + n)]
             labels = completion_labels(ids, p, n)
             positions = self._positions(ids)
             input_dict = {"input": ids, ADVANTAGES: local_advantages[offset:offset + ids.shape[0]],
@@ -334,6 +335,15 @@ class GRPOStep(Stateful):
                     input_dict[REFERENCE_LOGPS] = model_token_logps(model, inputs, labels, extra_kwargs)
             microbatches.append((input_dict, labels))
         return microbatches
+
+    def _trained_width(self, ids: torch.Tensor, ends: torch.Tensor) -> int:
+        """The columns a batch of completions trains on: eager, up to its longest prompt + completion
+        (a multiple of 8 x the tensor-parallel degree, whose sequence parallelism splits them), as
+        TRL trains each batch at its longest; compiled (static shapes), the whole buffer."""
+        if self.sampler.static_cache is not None:
+            return ids.shape[1]
+        granule = 8 * self.trainer.parallel_dims.tp
+        return min(ids.shape[1], -(-int(ends.max()) // granule) * granule)
 
     # ---- data parallel ---------------------------------------------------------------------
 
