@@ -110,9 +110,6 @@ class GRPOStep(Stateful):
             static_cache=StaticCache(compile_.backend) if compile_.enable else None,
             model_inputs=lambda ids: self._model_inputs(ids, self._positions(ids))[1],
         )  # fmt: skip
-        # torchtitan's own models take positions, from which the trainer builds the masks their
-        # attention needs; the Transformers backend makes its own causal mask
-        self.positions = not hf_backend
         self._train_step = base_train_step
         self._generation: Generation | None = None
         self._steps_on_generation = 0
@@ -297,9 +294,9 @@ class GRPOStep(Stateful):
         model.train()
 
     def _positions(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        """{"positions": 0..S-1 per row} for torchtitan's own models (each row one document), else {}."""
-        if not self.positions:
-            return {}
+        """{"positions": 0..S-1 per row}: each row one document. torchtitan's own models build their
+        attention masks from them; the Transformers backend would take 0..training.seq_len - 1
+        without them, wider than a batch trained at its longest completion."""
         return {"positions": torch.arange(ids.shape[1], device=ids.device).repeat(ids.shape[0], 1)}
 
     def _model_inputs(self, ids: torch.Tensor, positions: dict) -> tuple[torch.Tensor, dict]:
