@@ -144,3 +144,22 @@ def test_a_resume_keeps_the_recorded_rank_count_and_refuses_another(tmp_path):
         "Only run.* (not the rank count: the data position is saved per rank), training.steps, "
         "checkpoint.load_step, eval.* and tracking.* may change."
     )
+
+
+def test_a_checkpoint_cut_while_saving_is_warned_of_unless_checkpoint_load_step_picked_one(tmp_path, capsys):
+    """step-4 has no DCP .metadata (kill -9 while saving): the resume says it continues from step-2;
+    a resume that names its checkpoint (checkpoint.load_step=2) chose it, and is not warned."""
+    OmegaConf.save(OmegaConf.create(compose_config("checkpointing=periodic")), tmp_path / "job.yaml")
+    (tmp_path / "checkpoint" / "step-2").mkdir(parents=True)
+    (tmp_path / "checkpoint" / "step-2" / ".metadata").touch()
+    (tmp_path / "checkpoint" / "step-4").mkdir()
+    typed = [f"run.resume={tmp_path}"]
+    resumed_config(tmp_path, compose_config(*typed), typed)
+    assert capsys.readouterr().err == (
+        f"[qwen3-neuron] warning: checkpoint {tmp_path}/checkpoint/step-4 was cut while saving (no DCP .metadata, "
+        "which is written last: the run was killed or its disk filled while writing it); never loaded. The run "
+        "continues from step-2, the newest complete checkpoint.\n"
+    )
+    typed.append("checkpoint.load_step=2")
+    assert resumed_config(tmp_path, compose_config(*typed), typed)["checkpoint"]["load_step"] == 2
+    assert capsys.readouterr().err == ""
