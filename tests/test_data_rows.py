@@ -104,8 +104,8 @@ def test_data_max_dropped_stops_the_run_naming_the_first_row(tmp_path, tokenizer
     assert str(error.value) == (
         f"{path}: 3 of the 6 rows rank 0 read are not trained (50.0 %, more than data.max_dropped=0.1); the first: "
         f"{path} line 2: the prompt alone is 132 tokens (before its first assistant token), training.seq_len 100: cut "
-        "there, nothing of it would be trained. Raise training.seq_len, fix or leave out those rows, or raise "
-        "data.max_dropped"
+        "there, nothing of it would be trained. Raise training.seq_len, leave out those rows, or raise "
+        "data.max_dropped (null: no limit)"
     )
     allowed = PackedDataset(chat(path, max_dropped=0.5), tokenizer, seq_len=100, infinite=False)
     list(allowed)
@@ -204,10 +204,72 @@ def test_first_rows_over_data_max_dropped_are_refused_with_the_count_and_the_fir
         "(too long for training.seq_len=256), 21 skipped (cannot be read as rows of data.kind=chat); the first: "
         f"{path} line 3: not JSON (Unterminated string starting at column 24): {good[:30]!r}; {path} line 6: no "
         f"assistant turn: nothing to train on (roles: system, user); {path} line 9: not JSON (Unterminated string "
-        f"starting at column 24): {good[:30]!r}. Fix or leave out those rows, raise training.seq_len, or raise "
-        "data.max_dropped (null: no limit)"
+        f"starting at column 24): {good[:30]!r}. Fix or leave out those rows or raise data.max_dropped (null: no "
+        "limit)"
     )
     plan_of(compose_job(*overrides, "data.max_dropped=null"), tmp_path / "run2", warn=lambda _: None)
+
+
+def test_validation_rows_are_held_to_data_max_dropped_by_the_plan_and_the_workers_alike(tmp_path, assets, tokenizer):
+    """The README's line (data=chat data.val_fraction=0.05) on 100 rows whose 20th, 40th and 60th
+    have no assistant turn: 3 of the 5 validation rows, 0 of the 95 training rows. The plan
+    refuses it as the validation loader would stop, both naming validation rows and advising what
+    fits a skipped row; at data.max_dropped=0.6 (3 of 5 exactly) both let it run."""
+    from conftest import compose_job, plan_of
+
+    rows = [{"messages": CONVERSATION}] * 100
+    rows[19] = rows[39] = rows[59] = NO_ASSISTANT
+    path = write_jsonl(tmp_path / "chats.jsonl", rows)
+    why = "no assistant turn: nothing to train on (roles: system, user)"
+    overrides = ("data=chat", f"data.files={path}", "data.val_fraction=0.05")
+    with pytest.raises(ConfigError) as refused:
+        plan_of(compose_job(*overrides), tmp_path / "run", warn=lambda _: None)
+    assert str(refused.value) == (
+        f"3 of the 5 validation rows of {path} (data.val_fraction=0.05) would not be validated on (60 %, more than "
+        "data.max_dropped=0.1): 0 dropped (too long for training.seq_len=256), 3 skipped (cannot be read as rows of "
+        f"data.kind=chat); the first: {path} line 20: {why}; {path} line 40: {why}; {path} line 60: {why}. Fix or "
+        "leave out those rows or raise data.max_dropped (null: no limit)"
+    )
+    validation = PackedDataset(chat(path, val_fraction=0.05), tokenizer, seq_len=256, role="validation", infinite=False)
+    with pytest.raises(DataError) as stopped:
+        list(validation)
+    assert str(stopped.value) == (
+        f"{path}: 3 of the 5 validation rows rank 0 read (data.val_fraction=0.05) are not validated on (60.0 %, more "
+        f"than data.max_dropped=0.1); the first: {path} line 20: {why}. Fix or leave out those rows or raise "
+        "data.max_dropped (null: no limit)"
+    )
+    plan_of(compose_job(*overrides, "data.max_dropped=0.6"), tmp_path / "run2", warn=lambda _: None)
+    at_the_limit = chat(path, val_fraction=0.05, max_dropped=0.6)
+    assert len(list(PackedDataset(at_the_limit, tokenizer, seq_len=256, role="validation", infinite=False))) == 1
+
+
+def test_data_max_dropped_0_trains_a_clean_set_and_a_share_at_the_limit_passes_the_plan_and_the_workers(
+    tmp_path, assets, tokenizer
+):
+    """data.max_dropped is the largest share allowed: 0 lets every clean row train, and 1 unreadable
+    row in 10 at 0.1 passes both the plan and the workers; a second is refused by both."""
+    from conftest import compose_job, plan_of
+
+    clean = write_jsonl(tmp_path / "clean.jsonl", [{"messages": CONVERSATION}] * 10)
+    plan_of(compose_job("data=chat", f"data.files={clean}", "data.val_files=null", "data.max_dropped=0"),
+            tmp_path / "run", warn=lambda _: None)  # fmt: skip
+    dataset = PackedDataset(chat(clean, max_dropped=0), tokenizer, seq_len=256, infinite=False)
+    list(dataset)
+    assert (dataset.stats["rows"], dataset.stats["documents"]) == (10, 10)
+    rows = [{"messages": CONVERSATION}] * 10
+    rows[3] = NO_ASSISTANT
+    one_in_ten = write_jsonl(tmp_path / "one.jsonl", rows)
+    plan_of(compose_job("data=chat", f"data.files={one_in_ten}", "data.val_files=null"), tmp_path / "run2",
+            warn=lambda _: None)  # fmt: skip
+    dataset = PackedDataset(chat(one_in_ten), tokenizer, seq_len=256, infinite=False)
+    list(dataset)
+    assert (dataset.stats["rows"], dataset.stats["skipped"]) == (10, 1)
+    rows[7] = NO_ASSISTANT
+    two_in_ten = write_jsonl(tmp_path / "two.jsonl", rows)
+    with pytest.raises(ConfigError, match="2 of the 10 rows of .* would not be trained"):
+        plan_of(compose_job("data=chat", f"data.files={two_in_ten}", "data.val_files=null"), tmp_path / "run3")
+    with pytest.raises(DataError, match="2 of the 10 rows rank 0 read are not trained"):
+        list(PackedDataset(chat(two_in_ten), tokenizer, seq_len=256, infinite=False))
 
 
 def test_malformed_json_past_the_first_rows_counts_against_data_max_dropped(tmp_path, tokenizer):
@@ -219,8 +281,8 @@ def test_malformed_json_past_the_first_rows_counts_against_data_max_dropped(tmp_
         list(PackedDataset(chat(path), tokenizer, seq_len=512, infinite=False))
     assert str(error.value) == (
         f"{path}: 4 of the 8 rows rank 0 read are not trained (50.0 %, more than data.max_dropped=0.1); the first: "
-        f"{path} line 5: not JSON (Unterminated string starting at column 24): {good[:30]!r}. Raise "
-        "training.seq_len, fix or leave out those rows, or raise data.max_dropped"
+        f"{path} line 5: not JSON (Unterminated string starting at column 24): {good[:30]!r}. Fix or leave out "
+        "those rows or raise data.max_dropped (null: no limit)"
     )
 
 

@@ -68,7 +68,7 @@ class PackedDataset(IterableDataset, Stateful):
         rows = row_loading.carve(rows, source.val_fraction, role)
         self._original_data = row_loading.shard(rows, dp_rank, dp_world_size)
         self._data = self._original_data
-        self.source, self.seq_len, self.infinite, self.rank = source, seq_len, infinite, dp_rank
+        self.source, self.seq_len, self.infinite, self.rank, self.role = source, seq_len, infinite, dp_rank, role
         self._tokenizer = tokenizer
         chat = source.format != "text"
         self._chat = ChatRenderer(tokenizer, source.train_on_prompt, source.thinking) if chat else None
@@ -177,13 +177,16 @@ class PackedDataset(IterableDataset, Stateful):
         rows, limit = self.stats["rows"], self.source.max_dropped
         if limit is None or not rows or not (pass_done or rows % MAX_DROPPED_AFTER == 0):
             return
-        lost = self.stats["dropped"] + self.stats["skipped"]
+        dropped, skipped = self.stats["dropped"], self.stats["skipped"]
+        lost = dropped + skipped
         if lost / rows > limit:
             first = (self.examples["dropped"] + self.examples["skipped"])[0]
+            which = f"{rows} rows rank {self.rank} read are not trained"
+            if self.role == "validation":
+                which = f"{rows} validation rows rank {self.rank} read{carved(self.source)} are not validated on"
             raise DataError(
-                f"{self.source.name()}: {lost} of the {rows} rows rank {self.rank} read are not trained "
-                f"({100 * lost / rows:.1f} %, more than data.max_dropped={limit}); the first: {first}. "
-                "Raise training.seq_len, fix or leave out those rows, or raise data.max_dropped"
+                f"{self.source.name()}: {lost} of the {which} ({100 * lost / rows:.1f} %, more than "
+                f"data.max_dropped={limit}); the first: {first}. {untrained_advice(dropped, skipped, 'data')}"
             )
 
     # ---- iteration -----------------------------------------------------------------------
@@ -306,6 +309,20 @@ class PackedDataset(IterableDataset, Stateful):
         else:
             self._data.set_epoch(state["data"].get("epoch", 0))
             self._data.load_state_dict(state["data"])
+
+
+def carved(source: DataSource) -> str:
+    """Where a source's validation rows come from, when they are its data.val_fraction carve."""
+    return f" (data.val_fraction={source.val_fraction})" if source.val_fraction else ""
+
+
+def untrained_advice(dropped: int, skipped: int, key: str) -> str:
+    """What to change when too many rows go untrained, for the reasons they do: a row dropped is
+    too long for training.seq_len, a row skipped cannot be read as the data kind's row."""
+    ways = ["raise training.seq_len"] if dropped else []
+    ways += ["fix or leave out those rows" if skipped else "leave out those rows", f"raise {key}.max_dropped (null: no limit)"]
+    said = " or ".join(ways) if len(ways) == 2 else f"{ways[0]}, {ways[1]}, or {ways[2]}"
+    return said[0].upper() + said[1:]
 
 
 def document_fate(
