@@ -344,17 +344,21 @@ def test_a_skipped_parquet_row_is_named_by_its_row_in_the_file_on_every_rank(tmp
 
 
 def test_the_plan_says_when_the_data_goes_round_and_what_it_knows_when_it_cannot_tell(tmp_path, assets):
-    """From the first rows only: all of a small file's rows (the steps' prompts over its rows),
-    or, past the rows the plan reads, the rows the steps take."""
+    """From the first rows only: all of a small file's training rows (the steps' prompts over the
+    rows a data.val_fraction carve leaves), or, past the rows the plan reads, the rows the steps
+    take. The held-out prompts as docs/reinforcement-learning.md writes them (data.val_fraction,
+    validator.* as data=prompts sets them) plan."""
     from conftest import compose_job, plan_of
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"What is {i}?"}]}
                                                        for i in range(40)])  # fmt: skip
-    said = []  # 12 steps x 2 ranks x (8 completions / 4 a prompt)
-    plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo", f"data.files={prompts}"), tmp_path / "run", warn=said.append)
+    said = []  # 12 steps x 2 ranks x (8 completions / 4 a prompt), over the 32 prompts a fifth held out leaves
+    plan = plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo", f"data.files={prompts}", "data.val_fraction=0.2"),
+                   tmp_path / "run", warn=said.append)  # fmt: skip
+    assert plan.trainer_config.validator.enable and plan.trainer_config.validator.steps == 2
     assert [line for line in said if " data: " in line] == [
-        f"[qwen3-neuron] data: the data goes round: the run's steps take 48 prompts, and the 40 rows of {prompts} "
-        "make about 40: about 1.20 passes over them (each pass reshuffled)"
+        f"[qwen3-neuron] data: the data goes round: the run's steps take 48 prompts, and the 32 training rows of "
+        f"{prompts} make about 32: about 1.50 passes over them (each pass reshuffled)"
     ]
     chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 65)  # one row past the first rows
     said = []
