@@ -286,6 +286,24 @@ def test_malformed_json_past_the_first_rows_counts_against_data_max_dropped(tmp_
     )
 
 
+def test_a_long_streamed_pass_is_held_to_data_max_dropped_as_it_goes_not_only_at_its_end(
+    tmp_path, tokenizer, monkeypatch
+):
+    """Checked every MAX_DROPPED_AFTER rows (here 100): 300 texts streamed, 20 of the first 100
+    unreadable, none after. At the pass's end the share would be 6.7 %, within
+    data.max_dropped=0.1; the check at row 100 (20 %) stops it."""
+    from qwen3_neuron.data import dataset as dataset_module
+
+    monkeypatch.setattr(dataset_module, "MAX_DROPPED_AFTER", 100)
+    rows = [{"text": f"line {i}"} if i % 5 else {"text": None} for i in range(100)]
+    path = write_jsonl(tmp_path / "corpus.jsonl", rows + [{"text": f"line {i}"} for i in range(200)])
+    source = DataSource(files=str(path), format="text")
+    dataset = PackedDataset(source, tokenizer, seq_len=64, streaming=True, infinite=False)  # one pass
+    with pytest.raises(DataError, match=r"^.*: 20 of the 100 rows rank 0 read are not trained \(20\.0 %"):
+        list(dataset)
+    assert dataset.stats["rows"] == 100
+
+
 def test_show_data_reads_the_rows_once_and_never_packs_a_conversation_twice(tmp_path, assets, caplog):
     """A preview longer than a small file: one sample holding each conversation once, no re-loop."""
     from conftest import compose_job, plan_of
@@ -372,7 +390,8 @@ def test_the_plan_says_when_the_data_goes_round_and_what_it_knows_when_it_cannot
 
 @pytest.mark.parametrize("streaming", [False, True])
 def test_the_end_of_a_run_says_the_data_went_round_and_how_often(tmp_path, tokenizer, streaming):
-    """A rank that read its rows again: its share's size and the passes, in the end-of-run lines."""
+    """A rank that read its rows again: its share's size and the passes, in the end-of-run lines,
+    whether or not it was resumed half-way through a pass."""
     from qwen3_neuron.report.summary import data_lines
 
     path = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 8)
@@ -383,6 +402,17 @@ def test_the_end_of_a_run_says_the_data_went_round_and_how_often(tmp_path, token
     stats = dataset.data_stats()
     assert (stats["rows"], stats["pass_rows"]) == (10, 8)
     assert data_lines(stats)[1] == "data: went round: 8 rows, 1.25 passes over them (each pass reshuffled)"
+    # the same rows, saved after 5 and resumed: the first pass, read on from its 6th row, is whole too
+    saved = PackedDataset(chat(path, packing="none"), tokenizer, seq_len=64, streaming=streaming)
+    samples = iter(saved)
+    for _ in range(5):
+        next(samples)
+    resumed = PackedDataset(chat(path, packing="none"), tokenizer, seq_len=64, streaming=streaming)
+    resumed.load_state_dict(saved.state_dict())
+    samples = iter(resumed)
+    for _ in range(5):
+        next(samples)
+    assert data_lines(resumed.data_stats())[1:2] == data_lines(stats)[1:2]
     once = PackedDataset(chat(path, packing="none"), tokenizer, seq_len=64, streaming=streaming, infinite=False)
     list(once)
     assert not [line for line in data_lines(once.data_stats()) if "went round" in line]

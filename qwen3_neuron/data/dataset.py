@@ -18,8 +18,9 @@ formats read map-style) and why, in words that say what to change.
 An overlong or skipped row is logged (the first, then at each power of two) and the counts reach
 summary.json and the end-of-run lines.
 
-`data.max_dropped`: once a pass over the rank's rows is done (or enough rows were read), a share
-of rows dropped or skipped above it stops the run with a DataError naming the first of them.
+`data.max_dropped`: at the end of each pass over the rank's rows, and every `MAX_DROPPED_AFTER`
+rows within one (a streamed corpus may never end a pass), a share of rows dropped or skipped above
+it stops the run with a DataError naming the first of them (a validation loader's as validation rows).
 """
 
 from __future__ import annotations
@@ -204,6 +205,7 @@ class PackedDataset(IterableDataset, Stateful):
         while True:
             yield from self._hand_out()
             whole_pass, rows_this_epoch, documents_before = self._sample_idx == 0, 0, self.stats["documents"]
+            # _sample_idx: the rows of this pass read so far, a resumed run's before it was saved included
             for example in self._get_data_iter():
                 self._sample_idx += 1
                 self.stats["rows"] += 1
@@ -218,9 +220,9 @@ class PackedDataset(IterableDataset, Stateful):
                     self._ready += self._packer.add(*doc) if doc is not None else []
                 self._check_max_dropped(pass_done=False)
                 yield from self._hand_out()
-            self._check_max_dropped(pass_done=whole_pass and rows_this_epoch > 0)
-            if whole_pass:
-                self.stats["pass_rows"] = rows_this_epoch
+            self._check_max_dropped(pass_done=rows_this_epoch > 0)
+            if rows_this_epoch:
+                self.stats["pass_rows"] = self._sample_idx  # a pass resumed half-way is whole too
             if whole_pass and rows_this_epoch and self.stats["documents"] == documents_before and self.infinite:
                 raise DataError(
                     f"data source {self.source.name()}: none of the {rows_this_epoch} rows of rank {self.rank} "
@@ -286,9 +288,8 @@ class PackedDataset(IterableDataset, Stateful):
             "stats": dict(self.stats),
             "examples": {stat: list(rows) for stat, rows in self.examples.items()},
         }
-        if isinstance(self._data, datasets.Dataset):
-            state["sample_idx"] = self._sample_idx
-        else:
+        state["sample_idx"] = self._sample_idx  # map-style: where to go on; streamed: the rows of the pass so far
+        if not isinstance(self._data, datasets.Dataset):
             state["data"] = self._data.state_dict()
         return state
 
@@ -302,8 +303,8 @@ class PackedDataset(IterableDataset, Stateful):
             self._ready = [(i, l, tuple(p), pad) for i, l, p, pad in self._ready]
         self.stats.update(state["stats"])
         self.examples.update({stat: list(rows) for stat, rows in state.get("examples", {}).items()})
+        self._sample_idx = state.get("sample_idx", 0)
         if isinstance(self._data, datasets.Dataset):
-            self._sample_idx = state["sample_idx"]
             if self._epoch > 0:
                 self._data = self._original_data.shuffle(seed=42 + self._epoch)
         else:
