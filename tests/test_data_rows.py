@@ -141,6 +141,15 @@ def test_the_end_of_run_lines_account_for_every_row_of_every_rank(tmp_path):
     ]
 
 
+def test_the_end_of_run_list_of_a_fate_says_how_many_more_it_leaves_unnamed():
+    from qwen3_neuron.report.summary import data_lines
+
+    named = [f"a.jsonl line {line}: no assistant turn" for line in range(1, 8)]
+    stats = {"rows": 1000, "skipped": 9, "examples": {"skipped": named}}
+    assert data_lines(stats)[1:] == [
+        "  skipped 9 (cannot be read as the data kind's row):", *[f"    {row}" for row in named[:5]], "    and 4 more"]
+
+
 def test_the_plan_says_what_the_first_rows_lose_at_this_seq_len(tmp_path, assets):
     from conftest import compose_job, plan_of
 
@@ -361,18 +370,29 @@ def test_a_skipped_parquet_row_is_named_by_its_row_in_the_file_on_every_rank(tmp
     assert (sorted(row), where) == (["messages"], f"row 7 of {path}")
 
 
-def test_the_plan_says_when_the_data_goes_round_and_what_it_knows_when_it_cannot_tell(tmp_path, assets):
-    """From the first rows only: all of a small file's training rows (the steps' prompts over the
-    rows a data.val_fraction carve leaves), or, past the rows the plan reads, the rows the steps
-    take. The held-out prompts as docs/reinforcement-learning.md writes them (data.val_fraction,
-    validator.* as data=prompts sets them) plan."""
+@pytest.fixture(scope="module")
+def prompts_plan(tmp_path_factory, assets):
+    """The tiny GRPO experiment planned on 40 prompts of a file, a fifth of them held out, as
+    docs/reinforcement-learning.md writes it (data.val_fraction; validator.* as data=prompts sets
+    them): the plan, its file, and what it said."""
     from conftest import compose_job, plan_of
 
-    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"What is {i}?"}]}
-                                                       for i in range(40)])  # fmt: skip
-    said = []  # 12 steps x 2 ranks x (8 completions / 4 a prompt), over the 32 prompts a fifth held out leaves
+    folder = tmp_path_factory.mktemp("prompts")
+    prompts = write_jsonl(folder / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"What is {i}?"}]}
+                                                     for i in range(40)])  # fmt: skip
+    said = []
     plan = plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo", f"data.files={prompts}", "data.val_fraction=0.2"),
-                   tmp_path / "run", warn=said.append)  # fmt: skip
+                   folder / "run", warn=said.append)  # fmt: skip
+    return plan, prompts, said
+
+
+def test_the_plan_says_when_the_data_goes_round_and_what_it_knows_when_it_cannot_tell(prompts_plan, tmp_path):
+    """From the first rows only: all of a small file's training rows (the steps' prompts over the
+    rows a data.val_fraction carve leaves), or, past the rows the plan reads, the rows the steps
+    take. Held-out prompts plan with data=prompts' validator settings."""
+    from conftest import compose_job, plan_of
+
+    plan, prompts, said = prompts_plan  # 12 steps x 2 ranks x (8 completions / 4 a prompt), over 40 - 8 prompts
     assert plan.trainer_config.validator.enable and plan.trainer_config.validator.steps == 2
     assert [line for line in said if " data: " in line] == [
         f"[qwen3-neuron] data: the data goes round: the run's steps take 48 prompts, and the 32 training rows of "
@@ -386,6 +406,18 @@ def test_the_plan_says_when_the_data_goes_round_and_what_it_knows_when_it_cannot
         f"[qwen3-neuron] data: the run's steps take 80 samples, about 233 rows at the first 64 rows' 2.91 rows a "
         f"sample; the plan reads the first rows only, so whether {chats} goes round is said at the end of the run"
     ]
+
+
+def test_show_data_of_prompts_shows_each_prompt_and_the_padding_its_completions_fill(prompts_plan):
+    from qwen3_neuron.data.preview import show_samples
+
+    plan, _, _ = prompts_plan
+    assert show_samples(plan.trainer_config, 1, dp_world_size=1) == (
+        "=== sample 1 of rank 0: 1 document(s), 0 of 64 tokens with a loss, 47 padding; ⟦no loss⟧ ===\n"
+        "──── document 1 (tokens 0-16) ────\n"
+        "⟦<|im_start|>user\nWhat is 0?<|im_end|>\n<|im_start|>assistant\n⟧\n"
+        "⟦pad ×47⟧"
+    )
 
 
 @pytest.mark.parametrize("streaming", [False, True])
