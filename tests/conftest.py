@@ -147,14 +147,14 @@ def compose_job(*overrides: str) -> Job:
 
 
 def launch(
-    run_dir: Path | None, *overrides: str, timeout: int = 900, env: dict | None = None
+    run_dir: Path | None, *overrides: str, timeout: int = 900, env: dict | None = None, cwd: Path = REPO
 ) -> subprocess.CompletedProcess:
-    """`python launch.py ...` with its run dir pinned to `run_dir` (None: Hydra's choice); `env`:
-    variables added to this process's environment."""
+    """`python launch.py ...` in `cwd` with its run dir pinned to `run_dir` (None: Hydra's choice);
+    `env`: variables added to this process's environment."""
     pinned = [f"hydra.run.dir={run_dir}"] if run_dir else []
     return subprocess.run(
         [sys.executable, str(REPO / "launch.py"), *pinned, *overrides],
-        cwd=REPO,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import launch, trained
+from conftest import REPO, launch, trained
 from test_data import spans_of
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
@@ -327,16 +327,25 @@ def test_lm_eval_scores_the_chat_export_above_the_untrained_base(chat_sft_run, a
 
 @pytest.mark.integration
 def test_resuming_a_completed_run_with_new_eval_keys_evaluates_it_without_training(chat_sft_run, tmp_path):
+    """Scored again with the project's task and a user's own: the same questions, exact match with
+    the chat template, but no pattern of its own for the reasoning block every reply opens with
+    (lm-eval's think_end_token takes it off before any task scores)."""
     run = tmp_path / "run"  # the run's summary alone (its export stays where it names): chat_sft_run stays as it is
     run.mkdir()
     shutil.copy(chat_sft_run / "summary.json", run)
     before = json.loads((run / "summary.json").read_text())
-    result = launch(None, f"run.resume={run}", *EVAL_CHAT_ANSWER, "eval.limit=4", timeout=300)
+    tasks = shutil.copytree(REPO / "qwen3_neuron" / "eval" / "tasks" / "tiny_chat_answer",
+                            tmp_path / "tasks")  # fmt: skip
+    own = (tasks / "tiny_chat_answer.yaml").read_text().replace("task: tiny_chat_answer", "task: my_chat_answer")
+    (tasks / "tiny_chat_answer.yaml").write_text(own.replace('"(?s)^.*</think>", ', ""))
+    result = launch(None, f"run.resume={run}", *EVAL_CHAT_ANSWER, "eval.tasks=[tiny_chat_answer,my_chat_answer]",
+                    f"eval.include_path={tasks}", "eval.limit=4", timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     results = json.loads((run / "eval" / "results.json").read_text())
     assert results["n-samples"]["tiny_chat_answer"]["effective"] == 4
     assert summary["eval"]["tiny_chat_answer"]["exact_match"] == results["results"]["tiny_chat_answer"]["exact_match,none"]
+    assert summary["eval"]["my_chat_answer"]["exact_match"] == summary["eval"]["tiny_chat_answer"]["exact_match"] >= 0.75
     assert {k: v for k, v in summary.items() if not k.startswith("eval")} == {
         k: v for k, v in before.items() if not k.startswith("eval")
     }  # the training's record as it was

@@ -104,8 +104,8 @@ def test_data_max_dropped_stops_the_run_naming_the_first_row(tmp_path, tokenizer
     assert str(error.value) == (
         f"{path}: 3 of the 6 rows rank 0 read are not trained (50.0 %, more than data.max_dropped=0.1); the first: "
         f"{path} line 2: the prompt alone is 132 tokens (before its first assistant token), training.seq_len 100: cut "
-        "there, nothing of it would be trained. Raise training.seq_len, fix or leave out those rows, or raise "
-        "data.max_dropped"
+        "there, nothing of it would be trained. Raise training.seq_len, leave out those rows, or raise "
+        "data.max_dropped (null: no limit)"
     )
     allowed = PackedDataset(chat(path, max_dropped=0.5), tokenizer, seq_len=100, infinite=False)
     list(allowed)
@@ -139,6 +139,15 @@ def test_the_end_of_run_lines_account_for_every_row_of_every_rank(tmp_path):
         "  truncated 1 (kept, cut to training.seq_len):",
         "    a.jsonl line 5: long",
     ]
+
+
+def test_the_end_of_run_list_of_a_fate_says_how_many_more_it_leaves_unnamed():
+    from qwen3_neuron.report.summary import data_lines
+
+    named = [f"a.jsonl line {line}: no assistant turn" for line in range(1, 8)]
+    stats = {"rows": 1000, "skipped": 9, "examples": {"skipped": named}}
+    assert data_lines(stats)[1:] == [
+        "  skipped 9 (cannot be read as the data kind's row):", *[f"    {row}" for row in named[:5]], "    and 4 more"]
 
 
 def test_the_plan_says_what_the_first_rows_lose_at_this_seq_len(tmp_path, assets):
@@ -204,10 +213,72 @@ def test_first_rows_over_data_max_dropped_are_refused_with_the_count_and_the_fir
         "(too long for training.seq_len=256), 21 skipped (cannot be read as rows of data.kind=chat); the first: "
         f"{path} line 3: not JSON (Unterminated string starting at column 24): {good[:30]!r}; {path} line 6: no "
         f"assistant turn: nothing to train on (roles: system, user); {path} line 9: not JSON (Unterminated string "
-        f"starting at column 24): {good[:30]!r}. Fix or leave out those rows, raise training.seq_len, or raise "
-        "data.max_dropped (null: no limit)"
+        f"starting at column 24): {good[:30]!r}. Fix or leave out those rows or raise data.max_dropped (null: no "
+        "limit)"
     )
     plan_of(compose_job(*overrides, "data.max_dropped=null"), tmp_path / "run2", warn=lambda _: None)
+
+
+def test_validation_rows_are_held_to_data_max_dropped_by_the_plan_and_the_workers_alike(tmp_path, assets, tokenizer):
+    """The README's line (data=chat data.val_fraction=0.05) on 100 rows whose 20th, 40th and 60th
+    have no assistant turn: 3 of the 5 validation rows, 0 of the 95 training rows. The plan
+    refuses it as the validation loader would stop, both naming validation rows and advising what
+    fits a skipped row; at data.max_dropped=0.6 (3 of 5 exactly) both let it run."""
+    from conftest import compose_job, plan_of
+
+    rows = [{"messages": CONVERSATION}] * 100
+    rows[19] = rows[39] = rows[59] = NO_ASSISTANT
+    path = write_jsonl(tmp_path / "chats.jsonl", rows)
+    why = "no assistant turn: nothing to train on (roles: system, user)"
+    overrides = ("data=chat", f"data.files={path}", "data.val_fraction=0.05")
+    with pytest.raises(ConfigError) as refused:
+        plan_of(compose_job(*overrides), tmp_path / "run", warn=lambda _: None)
+    assert str(refused.value) == (
+        f"3 of the 5 validation rows of {path} (data.val_fraction=0.05) would not be validated on (60 %, more than "
+        "data.max_dropped=0.1): 0 dropped (too long for training.seq_len=256), 3 skipped (cannot be read as rows of "
+        f"data.kind=chat); the first: {path} line 20: {why}; {path} line 40: {why}; {path} line 60: {why}. Fix or "
+        "leave out those rows or raise data.max_dropped (null: no limit)"
+    )
+    validation = PackedDataset(chat(path, val_fraction=0.05), tokenizer, seq_len=256, role="validation", infinite=False)
+    with pytest.raises(DataError) as stopped:
+        list(validation)
+    assert str(stopped.value) == (
+        f"{path}: 3 of the 5 validation rows rank 0 read (data.val_fraction=0.05) are not validated on (60.0 %, more "
+        f"than data.max_dropped=0.1); the first: {path} line 20: {why}. Fix or leave out those rows or raise "
+        "data.max_dropped (null: no limit)"
+    )
+    plan_of(compose_job(*overrides, "data.max_dropped=0.6"), tmp_path / "run2", warn=lambda _: None)
+    at_the_limit = chat(path, val_fraction=0.05, max_dropped=0.6)
+    assert len(list(PackedDataset(at_the_limit, tokenizer, seq_len=256, role="validation", infinite=False))) == 1
+
+
+def test_data_max_dropped_0_trains_a_clean_set_and_a_share_at_the_limit_passes_the_plan_and_the_workers(
+    tmp_path, assets, tokenizer
+):
+    """data.max_dropped is the largest share allowed: 0 lets every clean row train, and 1 unreadable
+    row in 10 at 0.1 passes both the plan and the workers; a second is refused by both."""
+    from conftest import compose_job, plan_of
+
+    clean = write_jsonl(tmp_path / "clean.jsonl", [{"messages": CONVERSATION}] * 10)
+    plan_of(compose_job("data=chat", f"data.files={clean}", "data.val_files=null", "data.max_dropped=0"),
+            tmp_path / "run", warn=lambda _: None)  # fmt: skip
+    dataset = PackedDataset(chat(clean, max_dropped=0), tokenizer, seq_len=256, infinite=False)
+    list(dataset)
+    assert (dataset.stats["rows"], dataset.stats["documents"]) == (10, 10)
+    rows = [{"messages": CONVERSATION}] * 10
+    rows[3] = NO_ASSISTANT
+    one_in_ten = write_jsonl(tmp_path / "one.jsonl", rows)
+    plan_of(compose_job("data=chat", f"data.files={one_in_ten}", "data.val_files=null"), tmp_path / "run2",
+            warn=lambda _: None)  # fmt: skip
+    dataset = PackedDataset(chat(one_in_ten), tokenizer, seq_len=256, infinite=False)
+    list(dataset)
+    assert (dataset.stats["rows"], dataset.stats["skipped"]) == (10, 1)
+    rows[7] = NO_ASSISTANT
+    two_in_ten = write_jsonl(tmp_path / "two.jsonl", rows)
+    with pytest.raises(ConfigError, match="2 of the 10 rows of .* would not be trained"):
+        plan_of(compose_job("data=chat", f"data.files={two_in_ten}", "data.val_files=null"), tmp_path / "run3")
+    with pytest.raises(DataError, match="2 of the 10 rows rank 0 read are not trained"):
+        list(PackedDataset(chat(two_in_ten), tokenizer, seq_len=256, infinite=False))
 
 
 def test_malformed_json_past_the_first_rows_counts_against_data_max_dropped(tmp_path, tokenizer):
@@ -219,9 +290,27 @@ def test_malformed_json_past_the_first_rows_counts_against_data_max_dropped(tmp_
         list(PackedDataset(chat(path), tokenizer, seq_len=512, infinite=False))
     assert str(error.value) == (
         f"{path}: 4 of the 8 rows rank 0 read are not trained (50.0 %, more than data.max_dropped=0.1); the first: "
-        f"{path} line 5: not JSON (Unterminated string starting at column 24): {good[:30]!r}. Raise "
-        "training.seq_len, fix or leave out those rows, or raise data.max_dropped"
+        f"{path} line 5: not JSON (Unterminated string starting at column 24): {good[:30]!r}. Fix or leave out "
+        "those rows or raise data.max_dropped (null: no limit)"
     )
+
+
+def test_a_long_streamed_pass_is_held_to_data_max_dropped_as_it_goes_not_only_at_its_end(
+    tmp_path, tokenizer, monkeypatch
+):
+    """Checked every MAX_DROPPED_AFTER rows (here 100): 300 texts streamed, 20 of the first 100
+    unreadable, none after. At the pass's end the share would be 6.7 %, within
+    data.max_dropped=0.1; the check at row 100 (20 %) stops it."""
+    from qwen3_neuron.data import dataset as dataset_module
+
+    monkeypatch.setattr(dataset_module, "MAX_DROPPED_AFTER", 100)
+    rows = [{"text": f"line {i}"} if i % 5 else {"text": None} for i in range(100)]
+    path = write_jsonl(tmp_path / "corpus.jsonl", rows + [{"text": f"line {i}"} for i in range(200)])
+    source = DataSource(files=str(path), format="text")
+    dataset = PackedDataset(source, tokenizer, seq_len=64, streaming=True, infinite=False)  # one pass
+    with pytest.raises(DataError, match=r"^.*: 20 of the 100 rows rank 0 read are not trained \(20\.0 %"):
+        list(dataset)
+    assert dataset.stats["rows"] == 100
 
 
 def test_show_data_reads_the_rows_once_and_never_packs_a_conversation_twice(tmp_path, assets, caplog):
@@ -281,18 +370,33 @@ def test_a_skipped_parquet_row_is_named_by_its_row_in_the_file_on_every_rank(tmp
     assert (sorted(row), where) == (["messages"], f"row 7 of {path}")
 
 
-def test_the_plan_says_when_the_data_goes_round_and_what_it_knows_when_it_cannot_tell(tmp_path, assets):
-    """From the first rows only: all of a small file's rows (the steps' prompts over its rows),
-    or, past the rows the plan reads, the rows the steps take."""
+@pytest.fixture(scope="module")
+def prompts_plan(tmp_path_factory, assets):
+    """The tiny GRPO experiment planned on 40 prompts of a file, a fifth of them held out, as
+    docs/reinforcement-learning.md writes it (data.val_fraction; validator.* as data=prompts sets
+    them): the plan, its file, and what it said."""
     from conftest import compose_job, plan_of
 
-    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"What is {i}?"}]}
-                                                       for i in range(40)])  # fmt: skip
-    said = []  # 12 steps x 2 ranks x (8 completions / 4 a prompt)
-    plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo", f"data.files={prompts}"), tmp_path / "run", warn=said.append)
+    folder = tmp_path_factory.mktemp("prompts")
+    prompts = write_jsonl(folder / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"What is {i}?"}]}
+                                                     for i in range(40)])  # fmt: skip
+    said = []
+    plan = plan_of(compose_job("experiment=cpu_qwen3_tiny_grpo", f"data.files={prompts}", "data.val_fraction=0.2"),
+                   folder / "run", warn=said.append)  # fmt: skip
+    return plan, prompts, said
+
+
+def test_the_plan_says_when_the_data_goes_round_and_what_it_knows_when_it_cannot_tell(prompts_plan, tmp_path):
+    """From the first rows only: all of a small file's training rows (the steps' prompts over the
+    rows a data.val_fraction carve leaves), or, past the rows the plan reads, the rows the steps
+    take. Held-out prompts plan with data=prompts' validator settings."""
+    from conftest import compose_job, plan_of
+
+    plan, prompts, said = prompts_plan  # 12 steps x 2 ranks x (8 completions / 4 a prompt), over 40 - 8 prompts
+    assert plan.trainer_config.validator.enable and plan.trainer_config.validator.steps == 2
     assert [line for line in said if " data: " in line] == [
-        f"[qwen3-neuron] data: the data goes round: the run's steps take 48 prompts, and the 40 rows of {prompts} "
-        "make about 40: about 1.20 passes over them (each pass reshuffled)"
+        f"[qwen3-neuron] data: the data goes round: the run's steps take 48 prompts, and the 32 training rows of "
+        f"{prompts} make about 32: about 1.50 passes over them (each pass reshuffled)"
     ]
     chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 65)  # one row past the first rows
     said = []
@@ -304,9 +408,22 @@ def test_the_plan_says_when_the_data_goes_round_and_what_it_knows_when_it_cannot
     ]
 
 
+def test_show_data_of_prompts_shows_each_prompt_and_the_padding_its_completions_fill(prompts_plan):
+    from qwen3_neuron.data.preview import show_samples
+
+    plan, _, _ = prompts_plan
+    assert show_samples(plan.trainer_config, 1, dp_world_size=1) == (
+        "=== sample 1 of rank 0: 1 document(s), 0 of 64 tokens with a loss, 47 padding; ⟦no loss⟧ ===\n"
+        "──── document 1 (tokens 0-16) ────\n"
+        "⟦<|im_start|>user\nWhat is 0?<|im_end|>\n<|im_start|>assistant\n⟧\n"
+        "⟦pad ×47⟧"
+    )
+
+
 @pytest.mark.parametrize("streaming", [False, True])
 def test_the_end_of_a_run_says_the_data_went_round_and_how_often(tmp_path, tokenizer, streaming):
-    """A rank that read its rows again: its share's size and the passes, in the end-of-run lines."""
+    """A rank that read its rows again: its share's size and the passes, in the end-of-run lines,
+    whether or not it was resumed half-way through a pass."""
     from qwen3_neuron.report.summary import data_lines
 
     path = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}] * 8)
@@ -317,6 +434,17 @@ def test_the_end_of_a_run_says_the_data_went_round_and_how_often(tmp_path, token
     stats = dataset.data_stats()
     assert (stats["rows"], stats["pass_rows"]) == (10, 8)
     assert data_lines(stats)[1] == "data: went round: 8 rows, 1.25 passes over them (each pass reshuffled)"
+    # the same rows, saved after 5 and resumed: the first pass, read on from its 6th row, is whole too
+    saved = PackedDataset(chat(path, packing="none"), tokenizer, seq_len=64, streaming=streaming)
+    samples = iter(saved)
+    for _ in range(5):
+        next(samples)
+    resumed = PackedDataset(chat(path, packing="none"), tokenizer, seq_len=64, streaming=streaming)
+    resumed.load_state_dict(saved.state_dict())
+    samples = iter(resumed)
+    for _ in range(5):
+        next(samples)
+    assert data_lines(resumed.data_stats())[1:2] == data_lines(stats)[1:2]
     once = PackedDataset(chat(path, packing="none"), tokenizer, seq_len=64, streaming=streaming, infinite=False)
     list(once)
     assert not [line for line in data_lines(once.data_stats()) if "went round" in line]

@@ -19,12 +19,12 @@ from pathlib import Path
 from unittest.mock import ANY
 
 import pytest
-from conftest import TINY, launch, read_jsonl
+from conftest import REPO, TINY, launch, read_jsonl
 from test_data import write_jsonl, write_texts
 from test_resume import as_of_checkpoint, kill_9_after_checkpoint
 
 from qwen3_neuron.assets.build import stdlib_docstrings
-from qwen3_neuron.run_dir import read_metrics
+from qwen3_neuron.run_dir import read_job, read_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -32,8 +32,8 @@ CHAT_STEPS, TEXT_STEPS = 6, 5
 CHAT = ("data=chat", f"training.steps={CHAT_STEPS}", "validator.freq=3", "validator.steps=2")
 
 
-def launched(run_dir: Path, *overrides: str):
-    result = launch(run_dir, *TINY, *overrides, timeout=900)
+def launched(run_dir: Path, *overrides: str, cwd: Path = REPO):
+    result = launch(run_dir, *TINY, *overrides, timeout=900, cwd=cwd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return run_dir, result
 
@@ -49,10 +49,10 @@ def text_run(tmp_path_factory, assets):
     corpus = tmp_path_factory.mktemp("corpus") / "docstrings.txt"
     corpus.write_text("\n\n".join(stdlib_docstrings()[:400]))  # one row per paragraph
     run_dir = corpus.parent / "run"
-    return launched(run_dir, *text_overrides(corpus))
+    return launched(run_dir, *text_overrides(corpus.name), cwd=corpus.parent)  # data.files relative to there
 
 
-def text_overrides(corpus: Path) -> tuple[str, ...]:
+def text_overrides(corpus: Path | str) -> tuple[str, ...]:
     return ("data=text", f"data.files={corpus}", "data.streaming=true", "data.val_fraction=0.1",
             f"training.steps={TEXT_STEPS}", "validator.freq=5", "validator.steps=2",
             "checkpointing=periodic", "checkpoint.interval=2")  # fmt: skip
@@ -156,11 +156,13 @@ def test_text_run_from_a_txt_file_streams_splits_and_validates(text_run):
 
 def test_streamed_text_run_resumed_from_step_2_continues_with_the_same_losses(text_run, tmp_path):
     """Streaming: the position is datasets' own stream state (shard and row), checkpointed. The run's
-    dir as it stood after its step-2 checkpoint, resumed: steps 3-5 and the step-5 validation are
-    the uninterrupted run's."""
+    dir as it stood after its step-2 checkpoint, resumed from another directory than the one its
+    relative data.files was typed in: steps 3-5 and the step-5 validation are the uninterrupted run's."""
     reference_dir = text_run[0]
+    corpus = reference_dir.parent / "docstrings.txt"
+    assert read_job(reference_dir)["data"]["files"] == str(corpus)  # recorded as the first launch found it
     run_dir = as_of_checkpoint(reference_dir, tmp_path / "run", step=2)
-    result = launch(None, f"run.resume={run_dir}")
+    result = launch(None, f"run.resume={run_dir}", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert re.search(r"Loading the checkpoint from \S*step-2\b", (run_dir / "train.log").read_text())
     resumed, reference = _losses(run_dir), _losses(reference_dir)

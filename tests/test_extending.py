@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
 
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.job.user_paths import absolute_paths
 from qwen3_neuron.launch.resume import resumed_config, schedule_rule
 from qwen3_neuron.worker.lr_schedule import follow_one_schedule
 
@@ -144,3 +145,55 @@ def test_a_resume_keeps_the_recorded_rank_count_and_refuses_another(tmp_path):
         "Only run.* (not the rank count: the data position is saved per rank), training.steps, "
         "checkpoint.load_step, eval.* and tracking.* may change."
     )
+
+
+def test_a_checkpoint_cut_while_saving_is_warned_of_unless_checkpoint_load_step_picked_one(tmp_path, capsys):
+    """step-4 has no DCP .metadata (kill -9 while saving): the resume says it continues from step-2;
+    a resume that names its checkpoint (checkpoint.load_step=2) chose it, and is not warned."""
+    OmegaConf.save(OmegaConf.create(compose_config("checkpointing=periodic")), tmp_path / "job.yaml")
+    (tmp_path / "checkpoint" / "step-2").mkdir(parents=True)
+    (tmp_path / "checkpoint" / "step-2" / ".metadata").touch()
+    (tmp_path / "checkpoint" / "step-4").mkdir()
+    typed = [f"run.resume={tmp_path}"]
+    resumed_config(tmp_path, compose_config(*typed), typed)
+    assert capsys.readouterr().err == (
+        f"[qwen3-neuron] warning: checkpoint {tmp_path}/checkpoint/step-4 was cut while saving (no DCP .metadata, "
+        "which is written last: the run was killed or its disk filled while writing it); never loaded. The run "
+        "continues from step-2, the newest complete checkpoint.\n"
+    )
+    typed.append("checkpoint.load_step=2")
+    assert resumed_config(tmp_path, compose_config(*typed), typed)["checkpoint"]["load_step"] == 2
+    assert capsys.readouterr().err == ""
+
+
+def test_relative_paths_are_recorded_where_they_were_typed_and_typing_them_again_on_resume_changes_nothing(
+    tmp_path, monkeypatch
+):
+    """Each path the run reads, relative to where the first launch ran, is made absolute there
+    (a glob too); a Hub id, a path relative to nothing here and None stay as typed. A resume that
+    types data.files again as the first launch did, in its directory, continues the recorded run."""
+    first = tmp_path / "first"
+    for folder in ("weights", "tasks", "shards"):
+        (first / folder).mkdir(parents=True)
+    for name in ("chats.jsonl", "val.jsonl", "shards/a.jsonl"):
+        (first / name).write_text("{}\n")
+    typed = {"data": {"files": "chats.jsonl", "val_files": ["val.jsonl", "gone.jsonl"],
+                      "sources": [{"files": "shards/*.jsonl"}, {"files": "none/*.jsonl"}]},
+             "model": {"hf_model": "Qwen/Qwen3-0.6B"}, "checkpoint": {"initial_load_path": "weights"},
+             "hf_assets_path": "./weights/../weights", "eval": {"include_path": ["tasks"]},
+             "dataloader": {"dataset_path": None}}  # fmt: skip
+    assert absolute_paths(typed, str(first)) == {
+        "data": {"files": f"{first}/chats.jsonl", "val_files": [f"{first}/val.jsonl", "gone.jsonl"],
+                 "sources": [{"files": f"{first}/shards/*.jsonl"}, {"files": "none/*.jsonl"}]},
+        "model": {"hf_model": "Qwen/Qwen3-0.6B"}, "checkpoint": {"initial_load_path": f"{first}/weights"},
+        "hf_assets_path": f"{first}/weights", "eval": {"include_path": [f"{first}/tasks"]},
+        "dataloader": {"dataset_path": None},
+    }  # fmt: skip
+    run = tmp_path / "run"
+    recorded = compose_config("data=chat", f"data.files={first}/chats.jsonl", "checkpointing=periodic")
+    (run / "checkpoint" / "step-2").mkdir(parents=True)
+    (run / "checkpoint" / "step-2" / ".metadata").touch()
+    OmegaConf.save(OmegaConf.create(recorded), run / "job.yaml")
+    monkeypatch.chdir(first)
+    again = [f"run.resume={run}", "data=chat", "data.files=chats.jsonl"]
+    assert resumed_config(run, compose_config(*again), again)["data"]["files"] == f"{first}/chats.jsonl"

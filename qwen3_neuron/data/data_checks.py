@@ -14,13 +14,14 @@ Rows are named by file and 1-based line (JSON), else by their place in the sourc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
 from torchtitan.trainer import Trainer
 
 from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conversation
-from qwen3_neuron.data.dataset import document_fate, pair_fate
+from qwen3_neuron.data.dataset import carved, document_fate, pair_fate, untrained_advice
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.data.packing import Packer, document
 from qwen3_neuron.data.preference import pair_tokens, row_pair
@@ -30,9 +31,11 @@ from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.errors import ConfigError
 
 PEEK_ROWS = 64
+CARVE_PEEK_ROWS = 4096  # read at most, for PEEK_ROWS rows on each side of a data.val_fraction carve
 NAMED_ROWS = 3  # untrained first rows a refusal names
 # torchtitan's registered data sets that live on the Hub (text_datasets.DATASETS): data=c4
 HUB_REGISTERED = {"c4": "allenai/c4", "c4_validation": "allenai/c4"}
+Sides = dict[str, tuple[list[tuple[dict | RowError, str]], bool]]  # role -> (its first rows, whether all of them)
 
 
 def _check_hub_cache(repo_id: str, key: str) -> None:
@@ -69,16 +72,17 @@ def check_data(
         if source.max_dropped is not None and not 0 <= source.max_dropped < 1:
             raise ConfigError(f"{key}.max_dropped={source.max_dropped}: a share of the rows read, in [0, 1) "
                               "(0.1: a tenth), or null for no limit")  # fmt: skip
+        taken = samples_taken if len(loader.sources) == 1 else 0  # data=mix: shares of unknown size
+        sides = _first_rows(source, f"{key}.files")
         if source.format == "prompts":
             rows = _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens, key=key, warn=warn,
-                                  taken=samples_taken if len(loader.sources) == 1 else 0)
+                                  taken=taken, sides=sides)  # fmt: skip
             if rewards is not None:
                 rewards.check_columns({name for row in rows for name in row} - {prompt_field(source)}, source.name())
-            continue
-        rows = _check_source(source, key, f"{key}.files", tokenizer, config.training.seq_len, warn,
-                             samples_taken if len(loader.sources) == 1 else 0)  # data=mix: shares of unknown size
+        else:
+            _check_source(source, sides, key, f"{key}.files", tokenizer, config.training.seq_len, warn, taken)
         if source.val_fraction:
-            _check_carve(rows, source, key, world_size)
+            _check_carve(sides, source, world_size)
     validator = config.validator
     if validator.enable and isinstance(validator.dataloader, PackedDataLoader.Config):
         if validator.steps == -1:
@@ -88,14 +92,15 @@ def check_data(
             )
         if validator.dataloader.sources is not loader.sources and not any(s.val_fraction for s in loader.sources):
             for source in validator.dataloader.sources:
+                sides = _first_rows(source, "data.val_files", role="validation")
                 if source.format == "prompts":
-                    rows = _check_prompts(
-                        source, tokenizer, config.training.seq_len, completion_tokens, "data.val_files", warn=warn
-                    )
+                    _check_prompts(source, tokenizer, config.training.seq_len, completion_tokens, "data.val_files",
+                                   warn=warn, sides=sides)  # fmt: skip
                 else:
-                    rows = _check_source(source, "data", "data.val_files", tokenizer, config.training.seq_len, warn)
-                if len(rows) < PEEK_ROWS and len(rows) < world_size:
-                    raise ConfigError(f"data.val_files: {len(rows)} rows for {world_size} ranks; "
+                    _check_source(source, sides, "data", "data.val_files", tokenizer, config.training.seq_len, warn)
+                placed, whole = sides["validation"]
+                if whole and len(placed) < world_size:
+                    raise ConfigError(f"data.val_files: {len(placed)} rows for {world_size} ranks; "
                                       "each rank needs at least one")  # fmt: skip
 
 
@@ -116,17 +121,17 @@ def _check_vocab(tokenizer, config: Trainer.Config) -> None:
 
 
 def _check_source(
-    source: DataSource, key: str, files_key: str, tokenizer, seq_len: int, warn, taken: int = 0
-) -> list[dict]:
+    source: DataSource, sides: Sides, key: str, files_key: str, tokenizer, seq_len: int, warn, taken: int = 0
+) -> None:
     where = source.hf_dataset or files_key
-    placed, whole = _first_rows(source, files_key)
+    placed = [row for side, _ in sides.values() for row in side]
     if not placed:
         raise ConfigError(f"{where}: no rows in {source.name()}")
     rows = [row for row, _ in placed if not isinstance(row, RowError)]  # malformed ones: skipped, counted below
     present = {name for row in rows for name in row}  # rows as data sets ship them: not every row has every key
     columns = ", ".join(sorted(present))
     if not rows:  # not one row to look for columns in: the refusal names why each is unreadable
-        _check_fates(source, key, placed, whole, None, seq_len, warn)
+        _check_sides(source, key, sides, None, seq_len, warn)
     if source.format == "text":
         if source.text_field not in present:
             raise ConfigError(f"{key}.text_field={source.text_field} is not a column of {source.name()}; "
@@ -138,8 +143,8 @@ def _check_source(
             tokens = tokenizer.encode(text, add_bos=True, add_eos=True)
             return document_fate(tokens, [True] * len(tokens), seq_len, source.overlong)
 
-        _check_fates(source, key, placed, whole, text_fate, seq_len, warn, taken)
-        return rows
+        _check_sides(source, key, sides, text_fate, seq_len, warn, taken)
+        return
     instruction = () if source.format == "preference" else ("prompt_field", "response_field")  # preference: prompt optional
     for field_key in instruction:
         name = getattr(source, field_key)
@@ -169,23 +174,42 @@ def _check_source(
     else:
         def fate(row):
             return document_fate(*renderer.tokens(row_conversation(row, source)), seq_len, source.overlong)
-    _check_fates(source, key, placed, whole, fate, seq_len, warn, taken)
-    return rows
+    _check_sides(source, key, sides, fate, seq_len, warn, taken)
 
 
-def _first_rows(source: DataSource, files_key: str) -> tuple[list[tuple[dict | RowError, str]], bool]:
-    """The first PEEK_ROWS rows, and whether they are all the source's rows (one more is looked for)."""
-    placed = first_rows(source, PEEK_ROWS + 1, files_key)
-    return placed[:PEEK_ROWS], len(placed) <= PEEK_ROWS
+def _first_rows(source: DataSource, files_key: str, role: str = "train") -> Sides:
+    """The first PEEK_ROWS rows of each side of the source's data.val_fraction carve ("train" and
+    "validation", as the workers' loaders read them), each with whether it is all of that side's
+    rows; a source without a carve is all `role`. A carve reads on (CARVE_PEEK_ROWS at most) until
+    both sides have PEEK_ROWS rows: every 20th row of a file is 3 of its first 64."""
+    fraction = source.val_fraction
+    wanted = PEEK_ROWS + 1 if not fraction else min(math.ceil((PEEK_ROWS + 1) / min(fraction, 1 - fraction)),
+                                                     max(CARVE_PEEK_ROWS, PEEK_ROWS + 1))  # fmt: skip
+    placed = first_rows(source, wanted, files_key)
+    whole = len(placed) < wanted  # one more row than either side needs was looked for
+    if not fraction:
+        return {role: (placed[:PEEK_ROWS], whole)}
+    sides: dict[str, list] = {"train": [], "validation": []}
+    for index, row in enumerate(placed):
+        sides["validation" if is_validation_row(index, fraction) else "train"].append(row)
+    return {side: (rows[:PEEK_ROWS], whole and len(rows) <= PEEK_ROWS) for side, rows in sides.items()}
+
+
+def _check_sides(source: DataSource, key: str, sides: Sides, fate, seq_len: int, warn, taken: int = 0) -> None:
+    """`_check_fates` of each side's first rows (one without rows is the carve's to check)."""
+    for role, (placed, whole) in sides.items():
+        if placed:
+            _check_fates(source, key, placed, whole, fate, seq_len, warn, taken if role == "train" else 0, role)
 
 
 def _check_fates(source: DataSource, key: str, placed: list[tuple[dict | RowError, str]], whole: bool, fate,
-                 seq_len: int, warn, taken: int = 0) -> None:  # fmt: skip
+                 seq_len: int, warn, taken: int = 0, role: str = "train") -> None:  # fmt: skip
     """Each first row as the workers will take it at `seq_len` (`fate(row)`: `document_fate`'s
     answer, or ChatFormatError), under the workers' row policy: a row that cannot be read as the
     data kind's row is skipped, one too long dropped, each counted with why; said, and refused
-    when none of the rows is left or more than data.max_dropped of them are not. `taken`: the
-    samples the run's steps take (`_say_passes`)."""
+    when none of the rows is left or more than data.max_dropped of them are not. The rows of
+    each `role` ("train", "validation") are held to it on their own, as each loader holds its
+    own. `taken`: the samples the run's steps take (`_say_passes`)."""
     fates: dict[str, list[str]] = {"truncated": [], "dropped": [], "split": [], "skipped": []}
     lost: list[str] = []  # dropped or skipped, in row order
     kept = []  # what the packer gets of each row kept
@@ -207,25 +231,27 @@ def _check_fates(source: DataSource, key: str, placed: list[tuple[dict | RowErro
             lost.append(said)
     read, truncated = len(placed), len(fates["truncated"])
     dropped, skipped = len(fates["dropped"]), len(fates["skipped"])
-    first = f"the {read} rows of {source.name()}" if whole else f"the first {read} rows of {source.name()}"
+    validation = role == "validation"
+    rows = f"validation rows of {source.name()}{carved(source)}" if validation else f"rows of {source.name()}"
+    first = f"the {read} {rows}" if whole else f"the first {read} {rows}"
+    trained, train = ("validated on", "validate on") if validation else ("trained", "train on")
     named = "; ".join(lost[:NAMED_ROWS])
     counted = (f"{dropped} dropped (too long for training.seq_len={seq_len}), {skipped} skipped (cannot be read as "
                f"rows of data.kind={source.format})")  # fmt: skip
     if not skipped and dropped == read:
         raise ConfigError(
-            f"training.seq_len={seq_len}: none of {first} keeps a token to train on; the first: "
+            f"training.seq_len={seq_len}: none of {first} keeps a token to {train}; the first: "
             f"{fates['dropped'][0]}. Raise training.seq_len"
             + ("" if source.overlong == "truncate" else f" or set {key}.overlong=truncate")
         )
     if len(lost) == read:
-        raise ConfigError(f"none of {first} can be trained: {counted}; the first: {named}. Fix those rows, "
+        raise ConfigError(f"none of {first} can be {trained}: {counted}; the first: {named}. Fix those rows, "
                           "or name the data's columns and format (data.* keys)")  # fmt: skip
     limit = source.max_dropped
     if limit is not None and len(lost) / read > limit:
         raise ConfigError(
-            f"{len(lost)} of {first} would not be trained ({100 * len(lost) / read:.0f} %, more than "
-            f"{key}.max_dropped={limit}): {counted}; the first: {named}. Fix or leave out those rows, raise "
-            f"training.seq_len, or raise {key}.max_dropped (null: no limit)"
+            f"{len(lost)} of {first} would not be {trained} ({100 * len(lost) / read:.0f} %, more than "
+            f"{key}.max_dropped={limit}): {counted}; the first: {named}. {untrained_advice(dropped, skipped, key)}"
         )
     if lost:  # truncation is the documented default: the end-of-run lines count it
         said = "; ".join((lost + fates["truncated"])[:2])
@@ -251,13 +277,12 @@ def _say_passes(source: DataSource, read: int, whole: bool, kept: list, seq_len:
     if not samples:
         return
     unit = "prompts" if source.format == "prompts" else "samples"
-    if whole:  # every row of the source read (less a validation carve)
-        rows = read - sum(is_validation_row(i, source.val_fraction) for i in range(read) if source.val_fraction)
-        samples = samples * rows / read
+    if whole:  # every training row of the source read (a validation carve's are not among them)
         if taken > samples:
-            warn(f"[qwen3-neuron] data: the data goes round: the run's steps take {taken:,} {unit}, and the {rows} "
-                 f"row{'s' * (rows != 1)} of {source.name()} make about {samples:.0f}: about {taken / samples:.2f} passes over them "
-                 "(each pass reshuffled)")  # fmt: skip
+            training = " training" if source.val_fraction else ""
+            warn(f"[qwen3-neuron] data: the data goes round: the run's steps take {taken:,} {unit}, and the {read}"
+                 f"{training} row{'s' * (read != 1)} of {source.name()} make about {samples:.0f}: about "
+                 f"{taken / samples:.2f} passes over them (each pass reshuffled)")  # fmt: skip
         return
     warn(f"[qwen3-neuron] data: the run's steps take {taken:,} {unit}, about {taken * read / samples:,.0f} rows at the "
          f"first {read} rows' {read / samples:.2f} rows a sample; the plan reads the first rows only, so whether "
@@ -266,11 +291,13 @@ def _say_passes(source: DataSource, read: int, whole: bool, kept: list, seq_len:
 
 def _check_prompts(
     source: DataSource, tokenizer, seq_len: int, completion_tokens: int, files_key: str = "data.files",
-    key: str = "data", warn: Callable[[str], None] = print, taken: int = 0,
+    key: str = "data", warn: Callable[[str], None] = print, taken: int = 0, sides: Sides | None = None,
 ) -> list[dict]:
-    """data=prompts: the prompt column there, and each first prompt leaving room for a completion."""
+    """data=prompts: the prompt column there, and each first prompt leaving room for a completion
+    (`sides`: the first rows, `_first_rows`; None: read here)."""
     where = source.hf_dataset or files_key
-    placed, whole = _first_rows(source, files_key)
+    sides = sides or _first_rows(source, files_key)
+    placed = [row for side, _ in sides.values() for row in side]
     if not placed:
         raise ConfigError(f"{where}: no rows in {source.name()}")
     field = prompt_field(source)
@@ -294,7 +321,7 @@ def _check_prompts(
     def fate(row):
         return prompt_tokens(tokenizer, row, source), None, ""
 
-    _check_fates(source, key, placed, whole, fate, seq_len, warn, taken)
+    _check_sides(source, key, sides, fate, seq_len, warn, taken)
     return rows
 
 
@@ -311,14 +338,12 @@ def _check_pair(renderer: ChatRenderer, pair, seq_len: int, key: str) -> None:
         )
 
 
-def _check_carve(rows: list[dict], source: DataSource, key: str, world_size: int) -> None:
+def _check_carve(sides: Sides, source: DataSource, world_size: int) -> None:
     """When the first rows are all the rows, the carve's size is known: it must feed every rank."""
-    if len(rows) >= PEEK_ROWS:
-        return
-    carved = sum(is_validation_row(i, source.val_fraction) for i in range(len(rows)))
-    if carved < world_size:
+    (training, _), (validation, whole) = sides["train"], sides["validation"]
+    if whole and len(validation) < world_size:
         raise ConfigError(
-            f"data.val_fraction={source.val_fraction}: {source.name()} has {len(rows)} rows, so the validation "
-            f"set has {carved}, fewer than the {world_size} ranks that each read a share; "
-            "raise data.val_fraction or set data.val_files"
+            f"data.val_fraction={source.val_fraction}: {source.name()} has {len(training) + len(validation)} rows, "
+            f"so the validation set has {len(validation)}, fewer than the {world_size} ranks that each read a "
+            "share; raise data.val_fraction or set data.val_files"
         )

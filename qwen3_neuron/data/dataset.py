@@ -18,8 +18,9 @@ formats read map-style) and why, in words that say what to change.
 An overlong or skipped row is logged (the first, then at each power of two) and the counts reach
 summary.json and the end-of-run lines.
 
-`data.max_dropped`: once a pass over the rank's rows is done (or enough rows were read), a share
-of rows dropped or skipped above it stops the run with a DataError naming the first of them.
+`data.max_dropped`: at the end of each pass over the rank's rows, and every `MAX_DROPPED_AFTER`
+rows within one (a streamed corpus may never end a pass), a share of rows dropped or skipped above
+it stops the run with a DataError naming the first of them (a validation loader's as validation rows).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class PackedDataset(IterableDataset, Stateful):
         rows = row_loading.carve(rows, source.val_fraction, role)
         self._original_data = row_loading.shard(rows, dp_rank, dp_world_size)
         self._data = self._original_data
-        self.source, self.seq_len, self.infinite, self.rank = source, seq_len, infinite, dp_rank
+        self.source, self.seq_len, self.infinite, self.rank, self.role = source, seq_len, infinite, dp_rank, role
         self._tokenizer = tokenizer
         chat = source.format != "text"
         self._chat = ChatRenderer(tokenizer, source.train_on_prompt, source.thinking) if chat else None
@@ -177,13 +178,16 @@ class PackedDataset(IterableDataset, Stateful):
         rows, limit = self.stats["rows"], self.source.max_dropped
         if limit is None or not rows or not (pass_done or rows % MAX_DROPPED_AFTER == 0):
             return
-        lost = self.stats["dropped"] + self.stats["skipped"]
+        dropped, skipped = self.stats["dropped"], self.stats["skipped"]
+        lost = dropped + skipped
         if lost / rows > limit:
             first = (self.examples["dropped"] + self.examples["skipped"])[0]
+            which = f"{rows} rows rank {self.rank} read are not trained"
+            if self.role == "validation":
+                which = f"{rows} validation rows rank {self.rank} read{carved(self.source)} are not validated on"
             raise DataError(
-                f"{self.source.name()}: {lost} of the {rows} rows rank {self.rank} read are not trained "
-                f"({100 * lost / rows:.1f} %, more than data.max_dropped={limit}); the first: {first}. "
-                "Raise training.seq_len, fix or leave out those rows, or raise data.max_dropped"
+                f"{self.source.name()}: {lost} of the {which} ({100 * lost / rows:.1f} %, more than "
+                f"data.max_dropped={limit}); the first: {first}. {untrained_advice(dropped, skipped, 'data')}"
             )
 
     # ---- iteration -----------------------------------------------------------------------
@@ -201,6 +205,7 @@ class PackedDataset(IterableDataset, Stateful):
         while True:
             yield from self._hand_out()
             whole_pass, rows_this_epoch, documents_before = self._sample_idx == 0, 0, self.stats["documents"]
+            # _sample_idx: the rows of this pass read so far, a resumed run's before it was saved included
             for example in self._get_data_iter():
                 self._sample_idx += 1
                 self.stats["rows"] += 1
@@ -215,9 +220,9 @@ class PackedDataset(IterableDataset, Stateful):
                     self._ready += self._packer.add(*doc) if doc is not None else []
                 self._check_max_dropped(pass_done=False)
                 yield from self._hand_out()
-            self._check_max_dropped(pass_done=whole_pass and rows_this_epoch > 0)
-            if whole_pass:
-                self.stats["pass_rows"] = rows_this_epoch
+            self._check_max_dropped(pass_done=rows_this_epoch > 0)
+            if rows_this_epoch:
+                self.stats["pass_rows"] = self._sample_idx  # a pass resumed half-way is whole too
             if whole_pass and rows_this_epoch and self.stats["documents"] == documents_before and self.infinite:
                 raise DataError(
                     f"data source {self.source.name()}: none of the {rows_this_epoch} rows of rank {self.rank} "
@@ -283,9 +288,8 @@ class PackedDataset(IterableDataset, Stateful):
             "stats": dict(self.stats),
             "examples": {stat: list(rows) for stat, rows in self.examples.items()},
         }
-        if isinstance(self._data, datasets.Dataset):
-            state["sample_idx"] = self._sample_idx
-        else:
+        state["sample_idx"] = self._sample_idx  # map-style: where to go on; streamed: the rows of the pass so far
+        if not isinstance(self._data, datasets.Dataset):
             state["data"] = self._data.state_dict()
         return state
 
@@ -299,13 +303,27 @@ class PackedDataset(IterableDataset, Stateful):
             self._ready = [(i, l, tuple(p), pad) for i, l, p, pad in self._ready]
         self.stats.update(state["stats"])
         self.examples.update({stat: list(rows) for stat, rows in state.get("examples", {}).items()})
+        self._sample_idx = state.get("sample_idx", 0)
         if isinstance(self._data, datasets.Dataset):
-            self._sample_idx = state["sample_idx"]
             if self._epoch > 0:
                 self._data = self._original_data.shuffle(seed=42 + self._epoch)
         else:
             self._data.set_epoch(state["data"].get("epoch", 0))
             self._data.load_state_dict(state["data"])
+
+
+def carved(source: DataSource) -> str:
+    """Where a source's validation rows come from, when they are its data.val_fraction carve."""
+    return f" (data.val_fraction={source.val_fraction})" if source.val_fraction else ""
+
+
+def untrained_advice(dropped: int, skipped: int, key: str) -> str:
+    """What to change when too many rows go untrained, for the reasons they do: a row dropped is
+    too long for training.seq_len, a row skipped cannot be read as the data kind's row."""
+    ways = ["raise training.seq_len"] if dropped else []
+    ways += ["fix or leave out those rows" if skipped else "leave out those rows", f"raise {key}.max_dropped (null: no limit)"]
+    said = " or ".join(ways) if len(ways) == 2 else f"{ways[0]}, {ways[1]}, or {ways[2]}"
+    return said[0].upper() + said[1:]
 
 
 def document_fate(

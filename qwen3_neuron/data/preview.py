@@ -19,6 +19,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.data.packing import SEQUENCE_IDS
+from qwen3_neuron.data.prompts import PROMPT
 
 NO_LOSS_OPEN, NO_LOSS_CLOSE = "⟦", "⟧"
 
@@ -37,6 +38,9 @@ def show_samples(config, count: int, dp_world_size: int) -> str:
     for index, (input_dict, labels) in zip(range(count), loader):
         inputs = input_dict["input"][0].tolist()
         positions = input_dict["positions"][0].tolist() if "positions" in input_dict else list(range(len(inputs)))
+        if PROMPT in input_dict:  # data=prompts: the prompt, then the padding its completions are generated into
+            length = int(input_dict[PROMPT][0])
+            positions = [*range(length), *range(len(inputs) - length)]
         sequences = input_dict[SEQUENCE_IDS][0].tolist() if SEQUENCE_IDS in input_dict else None
         blocks.append(format_sample(index, inputs, labels[0].tolist(), positions, tokenizer, sequences))
     if len(blocks) < count:

@@ -1,5 +1,6 @@
 """Score an HF model dir with lm-eval's Python API (`simple_evaluate`, its `hf` model): lm-eval's
-own results file in `<out dir>/results.json`, and the headline metrics the summary keeps."""
+own results file in `<out dir>/results.json`, and the headline metrics the summary keeps. Every
+task scores a generated reply without its reasoning block, as the chat command prints it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from typing import Any
 from qwen3_neuron.eval.eval_section import EvalSettings
 
 RESULTS_FILE = "results.json"
+# where a reply's reasoning ends: lm-eval's hf model scores a generated reply from after the last one
+# (a chat SFT export opens every reply with `<think>\n\n</think>\n\n`: data.thinking=empty_block)
+THINK_END = "</think>"
 # lm-eval's results.json sections keyed by task (or group)
 PER_TASK_SECTIONS = ("results", "groups", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better", "n-samples")
 
@@ -28,7 +32,7 @@ def evaluate(
 
     lm_eval.evaluator.get_git_commit_hash = _git_commit_hash
 
-    model_args: dict[str, Any] = {"pretrained": str(model_dir), "dtype": "auto"}
+    model_args: dict[str, Any] = {"pretrained": str(model_dir), "dtype": "auto", "think_end_token": THINK_END}
     if adapter_dir is not None:
         model_args["peft"] = str(adapter_dir)
     results = lm_eval.simple_evaluate(

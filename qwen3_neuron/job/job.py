@@ -12,6 +12,7 @@ never resolves the device, looks a model up or checks the settings again.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,6 +20,7 @@ from typing import Any, Mapping
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
 from qwen3_neuron.job.settings import Settings, check_settings, parse_settings
+from qwen3_neuron.job.user_paths import absolute_paths
 from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir, read_model_dir
 
 
@@ -55,9 +57,11 @@ class Job:
         """The job as the workers take it: model=hf's dir found (a Hub id is never looked up
         again in a worker), the device resolved (auto -> neuron, cuda or cpu; an explicit one
         that is not here is refused, unless a dry run plans for it), device=neuron's NEFF cache
-        dir chosen (a resumed run compiles into the same), and the framework's own sections
-        checked on that device (`check_settings`: no torchtitan needed)."""
-        job = self
+        dir chosen (a resumed run compiles into the same), every relative path the run reads made
+        absolute (`user_paths`: a resume from another directory reads the same files), and the
+        framework's own sections checked on that device (`check_settings`: no torchtitan needed)."""
+        composed = absolute_paths(self.composed, os.getcwd())
+        job = dataclasses.replace(self, composed=composed, settings=parse_settings(composed))
         if self.settings.model.kind == "hf":
             found = find_model_dir(self.settings.model.hf_model)
             job = dataclasses.replace(job._with("model", hf_model=str(found.path)), model_dir=found)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -27,6 +28,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from qwen3_neuron.errors import ConfigError
+from qwen3_neuron.job.user_paths import absolute_paths
 from qwen3_neuron.run_dir import JOB_FILE, TRAINER_CONFIG_FILE, complete_steps, read_job
 
 CHANGEABLE_ON_RESUME = ("run", "training.steps", "checkpoint.load_step", "hydra", "eval", "tracking")
@@ -41,6 +43,7 @@ def resumed_config(run_dir: Path, composed: Mapping[str, Any], typed_overrides: 
     if not (run_dir / JOB_FILE).exists():
         raise ConfigError(f"run.resume={run_dir}: not a run dir of this project (no {JOB_FILE}).")
     recorded = read_job(run_dir)
+    composed = absolute_paths(dict(composed), os.getcwd())  # as the first launch recorded its paths
     folder = checkpoint_folder(run_dir, recorded)
     complete = complete_steps(folder)
     cut = [step for step in _saved_steps(folder) if step not in complete and (not complete or step > complete[-1])]

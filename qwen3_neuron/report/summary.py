@@ -294,7 +294,10 @@ def data_lines(stats: dict[str, Any]) -> list[str]:
     for fate, meaning in FATES.items():
         if stats.get(fate):
             lines.append(f"  {fate} {stats[fate]:,} ({meaning}):")
-            lines += [f"    {row}" for row in (stats.get("examples") or {}).get(fate, [])[:EXAMPLES_SHOWN]]
+            shown = (stats.get("examples") or {}).get(fate, [])[:EXAMPLES_SHOWN]
+            lines += [f"    {row}" for row in shown]
+            if stats[fate] > len(shown):  # the rest: counted, each rank's first few in summary.json
+                lines.append(f"    and {stats[fate] - len(shown):,} more")
     return lines
 
 
