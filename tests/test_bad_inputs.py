@@ -336,7 +336,7 @@ def test_a_launch_refused_by_the_plan_leaves_no_run_dir_when_its_workers_are_sto
 # (command, exit code, the console's exact first line on stderr). "{x}" fills in below.
 TOPLEVEL = ("activation_checkpoint, checkpoint, checkpointing, comm, compile, data, dataloader, debug, device, eval, "
             "experiment, finetune, grpo, hf, hf_assets_path, hydra, kernels, loss, lr_scheduler, metrics, model, optimizer, "
-            "override, parallelism, preference, profiler, run, tokenizer, tracking, training, validator")  # fmt: skip
+            "override, parallelism, preference, profiler, run, tokenizer, tracking, trainer, training, validator")  # fmt: skip
 # CUDA asked for without a GPU: the sentence depends on the torch build (PyPI's Linux wheels from
 # 2.14 on are CUDA builds, which run on CPU; the CPU wheel cannot use a GPU at all)
 NO_CUDA = (
@@ -351,7 +351,7 @@ ANSWERS = [
      "Config error: Wrong type for 'optimizer.weight_decay': expected float, got str 'abc'."),
     (["launch.py", "training.steps=ten"], 2, "Config error: Wrong type for 'training.steps': expected int, got str 'ten'."),
     (["launch.py", "trainig.steps=3"], 2,
-     f"Config error: Unknown config key 'trainig'. Did you mean 'training' or 'tracking'? Valid keys here: {TOPLEVEL}."),
+     f"Config error: Unknown config key 'trainig'. Did you mean 'training' or 'tracking' or 'trainer'? Valid keys here: {TOPLEVEL}."),
     (["launch.py", "checkpointing=[from_hf,exporthf]"], 2, "Config error: checkpointing=exporthf: no such option. Did "
                                                           "you mean 'export_hf'? The options of checkpointing: export_hf, from_hf, none, periodic."),
     (["launch.py", "data=chats"], 2, "Config error: data=chats: no such option. Did you mean 'chat'? "
