@@ -27,9 +27,9 @@ How to write one, in four steps (each is in the code below):
 2. Subclass the module (`GroupedExperts`), not just `nn.Module`: you inherit its parameters
    `w1_EFD` (E, F, D), `w2_EDF` (E, D, F), `w3_EFD` (E, F, D) with their init and sharding, so
    state dicts, checkpoints and the HF export are unchanged, and code that checks
-   `isinstance(m, GroupedExperts)` keeps working. Override `forward` only. (With expert or
-   tensor parallelism the weights arrive as DTensors: take `.to_local()` first, as
-   `qwen3_neuron/kernels/moe/blockwise.py` does; this example skips that.)
+   `isinstance(m, GroupedExperts)` keeps working. Override `forward` only. With expert or
+   tensor parallelism the weights arrive as DTensors: take `.to_local()` first (under expert
+   parallelism a rank holds some experts, and `num_tokens_per_expert_E` counts its own).
 
 3. Nest a `Config` that subclasses `GroupedExperts.Config`, with
    `@dataclass(kw_only=True, slots=True)` (torchtitan enforces both) and a docstring under each
@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torchtitan.config import derive, override
 from torchtitan.models.common.moe import GroupedExperts
 
@@ -78,6 +79,8 @@ class LoopExperts(GroupedExperts):
     ) -> torch.Tensor:
         # The loop needs the group sizes on the host: one device sync (free on CPU).
         counts = num_tokens_per_expert_E.tolist()
+        # expert or tensor parallelism: this rank's shard of the weights (its experts' rows)
+        weights = [w.to_local() if isinstance(w, DTensor) else w for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD)]
         x = x_RD.to(self.compute_dtype)
         out_RD = torch.zeros_like(x)
         start = 0
@@ -86,9 +89,7 @@ class LoopExperts(GroupedExperts):
             start += count
             if count == 0:
                 continue
-            w1_FD, w2_DF, w3_FD = (
-                w[e].to(self.compute_dtype) for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD)
-            )
+            w1_FD, w2_DF, w3_FD = (w[e].to(self.compute_dtype) for w in weights)
             h = F.silu(x[rows] @ w1_FD.T) * (x[rows] @ w3_FD.T)
             out_RD[rows] = h @ w2_DF.T
         return out_RD.type_as(x_RD)

@@ -12,8 +12,8 @@ Activate with `override.imports=["qwen3_neuron.kernels.moe.blockwise.blockwise_e
 - `out_RD[r] = w2[e] @ (silu(w1[e] @ x[r]) * (w3[e] @ x[r]))` for the expert e owning row r.
 - Routing scores are NOT applied here: the dispatcher's `combine` multiplies by them and
   scatter-adds the rows back to tokens. Neither module takes the scores.
-- Like torchtitan, the matmuls run in bf16 whatever the input dtype, and the output has the
-  input's dtype.
+- Like torchtitan, the matmuls run in bf16 whatever the input dtype (`compute_dtype=float32`:
+  in float32), and the output has the input's dtype.
 - The parameters are torchtitan's own (`w1_EFD`, `w2_EDF`, `w3_EFD`, same shapes, same init,
   same sharding): state dicts, checkpoints and HF export do not change.
 
@@ -228,13 +228,20 @@ class BlockwiseGroupedExperts(GroupedExperts):
         block_size: int = DEFAULT_BLOCK_SIZE
         """Rows per block (S). Each expert's rows are padded up to a multiple of it."""
 
+        compute_dtype: str = "bfloat16"
+        """dtype of the matmuls, a torch dtype name: bfloat16 as torchtitan's experts and the NKI
+        kernel; float32 to compare with a float32 reference to float32's rounding."""
+
         def __post_init__(self) -> None:
             if self.block_size < 1:
                 raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+            if not isinstance(getattr(torch, self.compute_dtype, None), torch.dtype):
+                raise ValueError(f"compute_dtype {self.compute_dtype!r} is not a torch dtype")
 
     def __init__(self, config: Config):
         super().__init__(config)
         self.block_size = config.block_size
+        self.compute_dtype = getattr(torch, config.compute_dtype)
 
     def forward(
         self,
@@ -242,9 +249,9 @@ class BlockwiseGroupedExperts(GroupedExperts):
         num_tokens_per_expert_E: torch.Tensor,
     ) -> torch.Tensor:
         w1_EFD, w2_EDF, w3_EFD = self._local_weights()
-        # bf16 matmuls whatever the input dtype, output in the input's dtype: as GroupedExperts.
+        # matmuls in compute_dtype (bf16 as GroupedExperts) whatever the input dtype, output in the input's
         return blockwise_swiglu(
-            x_RD.bfloat16(),
+            x_RD.to(self.compute_dtype),
             num_tokens_per_expert_E,
             w1_EFD,
             w2_EDF,
@@ -276,6 +283,6 @@ class BlockwiseGroupedExperts(GroupedExperts):
     description="Blockwise MoE experts in plain torch (the NKI algorithm; any device).",
 )
 def blockwise_experts(
-    cfg: GroupedExperts.Config, *, block_size: int = DEFAULT_BLOCK_SIZE
+    cfg: GroupedExperts.Config, *, block_size: int = DEFAULT_BLOCK_SIZE, compute_dtype: str = "bfloat16"
 ) -> BlockwiseGroupedExperts.Config:
-    return derive(cfg, BlockwiseGroupedExperts.Config, block_size=block_size)
+    return derive(cfg, BlockwiseGroupedExperts.Config, block_size=block_size, compute_dtype=compute_dtype)
