@@ -26,7 +26,7 @@ from qwen3_neuron.job import settings as settings_module
 from qwen3_neuron.job.settings import TrackingSettings, check_tracking
 from qwen3_neuron.report import tracking as tracking_module
 from qwen3_neuron.report.mlflow_tracking import job_params
-from qwen3_neuron.report.system_metrics import neuron_figures
+from qwen3_neuron.report.system_metrics import RunDirDisk, neuron_figures
 from qwen3_neuron.report.job_tracking import job_tracking, track_run
 from qwen3_neuron.report.tracking import LiveTracking
 from qwen3_neuron.run_dir import complete_steps, read_job
@@ -432,6 +432,19 @@ def test_neuron_monitors_report_as_system_metrics():
                                       "neuroncore_1_utilization_percentage": 7.5,
                                       "neuron_device_memory_usage_megabytes": 4.0}  # fmt: skip
     assert neuron_figures({"neuron_runtime_data": [], "system_data": {}}) == {}  # no runtime yet
+
+
+def test_the_disk_figures_are_the_run_dirs_filesystem(tmp_path):
+    """MLflow's disk monitor reads `/`; a run dir on another filesystem (here /dev/shm) is what fills."""
+    elsewhere = Path("/dev/shm")
+    if not elsewhere.is_dir() or elsewhere.stat().st_dev == Path("/").stat().st_dev:
+        pytest.skip("no filesystem here other than /'s")
+    monitor = RunDirDisk(elsewhere)
+    monitor.collect_metrics()
+    figures = monitor.aggregate_metrics()
+    usage, root = shutil.disk_usage(elsewhere), shutil.disk_usage("/")
+    assert abs(figures["disk_available_megabytes"] - usage.free / 1e6) < 0.01 * usage.total / 1e6
+    assert abs(figures["disk_available_megabytes"] - root.free / 1e6) > 0.01 * usage.total / 1e6
 
 
 def wandb_records(run_file: Path) -> list:

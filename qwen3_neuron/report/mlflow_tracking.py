@@ -72,7 +72,7 @@ class MLflowRun:
         self.store = store_name(settings)
         self.offset = 0
         self._workers_pid = workers_pid
-        self._client: _Store | None = None
+        self._store: _Store | None = None
         self._record: dict[str, Any] = {}
         self._system = None
 
@@ -80,7 +80,7 @@ class MLflowRun:
         from mlflow.entities import Param
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
-        store = self._client = _Store(self.settings)
+        store = self._store = _Store(self.settings)
         record = read_json(self.run_dir / MLFLOW_RUN_FILE) or {}
         if record.get("tracking_uri") == store.uri and _exists(store, record["run_id"]):
             store.client.update_run(record["run_id"], status="RUNNING")  # a resume: running again
@@ -102,7 +102,7 @@ class MLflowRun:
         from qwen3_neuron.report.system_metrics import start_system_metrics
 
         try:
-            self._system = start_system_metrics(self._client.uri, run_id, self.run_dir, self.job, self._workers_pid,
+            self._system = start_system_metrics(self._store.uri, run_id, self.run_dir, self.job, self._workers_pid,
                                                 self.settings.interval_seconds)  # fmt: skip
         except Exception as e:  # psutil, a GPU library: never the run's metrics' problem
             self._workers_pid = None  # not tried again
@@ -123,7 +123,7 @@ class MLflowRun:
         from mlflow.entities import Metric, RunTag
         from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
-        store, run_id = self._client, self._record["run_id"]
+        store, run_id = self._store, self._record["run_id"]
         if self._system is not None:
             self._system.finish()
             self._system = None
@@ -146,7 +146,7 @@ class MLflowRun:
 
     def _log_metrics(self, entries: list) -> None:
         for start in range(0, len(entries), MAX_METRICS):
-            self._client.client.log_batch(self._record["run_id"], metrics=entries[start : start + MAX_METRICS])
+            self._store.client.log_batch(self._record["run_id"], metrics=entries[start : start + MAX_METRICS])
 
 
 def store_name(settings: TrackingSettings) -> str:
