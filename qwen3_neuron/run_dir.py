@@ -24,7 +24,10 @@ is read or written. Both sides of torchrun import this module; it imports nothin
     <run dir>/PLAN_ONLY.txt       left by a dry run or `run.show_data`: the record beside it is a
                                   plan that never trained (a launch may still use the dir)
     <run dir>/mlflow_run.json     tracking=mlflow: the run's MLflow run (store, id) and how much of
-                                  metrics.jsonl it holds: a resume continues it (report.mlflow_tracking)
+                                  metrics.jsonl it holds, kept as it is sent: a resume continues it
+                                  (report.tracking, report.mlflow_tracking)
+    <run dir>/wandb_run.json      tracking=wandb: the same for its W&B run (report.wandb_tracking)
+    <run dir>/wandb/              tracking=wandb: W&B's own files (offline: the whole run)
     <sweep dir>/.stop_sweep       left by a job that stops the sweep: later jobs skip
     <sweep dir>/mlflow_run.json   tracking=mlflow: the sweep's parent MLflow run, its jobs' runs its children
 """
@@ -56,6 +59,7 @@ STOP_FILE = ".stop_sweep"
 LOCK_FILE = ".lock"
 PLAN_ONLY_FILE = "PLAN_ONLY.txt"
 MLFLOW_RUN_FILE = "mlflow_run.json"
+WANDB_RUN_FILE = "wandb_run.json"
 
 
 def group_replacements(lines: list[str]) -> dict[str, list[str]]:

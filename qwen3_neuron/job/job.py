@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError, DeviceUnavailableError
-from qwen3_neuron.job.settings import Settings, check_settings, parse_settings
+from qwen3_neuron.job.settings import Settings, check_model_logged, check_settings, parse_settings, tracking_store
 from qwen3_neuron.job.user_paths import absolute_paths
 from qwen3_neuron.models.hf.model_dir import HFModelDir, find_model_dir, read_model_dir
 
@@ -58,8 +58,9 @@ class Job:
         again in a worker), the device resolved (auto -> neuron, cuda or cpu; an explicit one
         that is not here is refused, unless a dry run plans for it), device=neuron's NEFF cache
         dir chosen (a resumed run compiles into the same), every relative path the run reads made
-        absolute (`user_paths`: a resume from another directory reads the same files), and the
-        framework's own sections checked on that device (`check_settings`: no torchtitan needed)."""
+        absolute (`user_paths`: a resume from another directory reads the same files), tracking=mlflow's
+        store resolved (a relative path made absolute), and the framework's own sections checked on
+        that device (`check_settings`: no torchtitan needed)."""
         composed = absolute_paths(self.composed, os.getcwd())
         job = dataclasses.replace(self, composed=composed, settings=parse_settings(composed))
         if self.settings.model.kind == "hf":
@@ -75,6 +76,9 @@ class Job:
         if device == "neuron":
             job = job._with("device", cache_dir=str(devices.neff_cache_dir(self.settings.device.cache_dir)[0]))
         check_settings(job.settings, device)
+        check_model_logged(job.settings.tracking, job.composed)
+        if job.settings.tracking.kind == "mlflow":  # the store a resume from any directory logs to
+            job = job._with("tracking", uri=tracking_store(job.settings.tracking.uri))
         return job
 
     def _with(self, name: str, **values: Any) -> Job:

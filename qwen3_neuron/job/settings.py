@@ -9,7 +9,10 @@ wrong type here reads exactly like one in a torchtitan section.
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from qwen3_neuron.data.row_loading import resolve_files
@@ -259,30 +262,94 @@ class PreferenceSettings:
 class TrackingSettings:
     """The `tracking` section: where a run is recorded besides its run dir."""
 
-    kind: Literal["none", "mlflow"] = "none"
-    """none: the run dir only; mlflow: the launcher logs each run (a sweep: a parent run with a
-    child per job) into an MLflow tracking store once its job ends."""
+    kind: Literal["none", "mlflow", "wandb"] = "none"
+    """none: the run dir only; mlflow or wandb: the launcher logs each run (a sweep: a parent run
+    with a child per job, a W&B group) into MLflow or W&B while it trains."""
 
     uri: str | None = None
-    """The tracking store: a server's URL (http://host:5000) or a database (sqlite:///mlflow.db);
-    null: MLflow's own choice (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir)."""
+    """tracking=mlflow's store: a server's URL (http://host:5000) or a database (sqlite:///mlflow.db);
+    null: MLflow's own choice (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir).
+    The first launch records it resolved (a relative path made absolute): its resumes log there."""
 
     experiment: str = "qwen3-neuron"
-    """The MLflow experiment the runs go to (made when it is not there)."""
+    """The MLflow experiment (the W&B project) the runs go to (made when it is not there)."""
 
     run_name: str | None = None
-    """The MLflow run's name; null: the run dir's (`<date>/<time>`; a sweep job: `<date>/<time>/<job>`)."""
+    """The run's name; null: the run dir's (`<date>/<time>`; a sweep job: `<date>/<time>/<job>`)."""
+
+    interval_seconds: float = 5.0
+    """How often the launcher sends the records metrics.jsonl gained (and samples system metrics)."""
+
+    system_metrics: bool = True
+    """The node's CPU, memory, network and the run dir's disk (a GPU's, a NeuronCore's) beside the run's metrics."""
+
+    log_model: bool = False
+    """The run's HF export (finetune=lora: its PEFT adapter too) logged as artifacts of the run."""
+
+
+URI_EXAMPLES = "sqlite:///mlflow.db (a database file, no server) or http://127.0.0.1:5000 (a tracking server)"
 
 
 def check_tracking(tracking: TrackingSettings) -> None:
-    """Before anything starts: tracking=mlflow needs MLflow's client (looked up, not imported)."""
-    if tracking.kind != "mlflow":
+    """Before anything starts: the tracking client installed (looked up, not imported), a store
+    MLflow can open, and no tracking.* key that the chosen kind would ignore."""
+    if tracking.uri is not None and tracking.kind != "mlflow":
+        raise ConfigError(
+            f"tracking.uri={tracking.uri} names an MLflow store, and tracking={tracking.kind} "
+            + ("logs nowhere: add tracking=mlflow to log there, or drop tracking.uri." if tracking.kind == "none"
+               else "logs to W&B (its server: WANDB_BASE_URL): drop tracking.uri, or use tracking=mlflow.")
+        )  # fmt: skip
+    if tracking.kind == "none":
         return
-    if importlib.util.find_spec("mlflow") is None:
+    if tracking.kind == "mlflow" and importlib.util.find_spec("mlflow") is None:
         raise ConfigError("tracking=mlflow needs MLflow's client, which is not installed: "
                           "pip install -e '.[tracking]' (or: pip install mlflow-skinny alembic).")  # fmt: skip
+    if tracking.kind == "wandb" and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("tracking=wandb needs the W&B client, which is not installed: pip install wandb.")
+    if tracking.uri is not None and _without_scheme(tracking.uri):
+        raise ConfigError(
+            f"tracking.uri={tracking.uri} is a path, not a store MLflow can open: give a URI such as {URI_EXAMPLES}."
+        )
     if not tracking.experiment:
-        raise ConfigError("tracking.experiment is empty: name the MLflow experiment the runs go to.")
+        raise ConfigError("tracking.experiment is empty: name the experiment (the W&B project) the runs go to.")
+    if not tracking.interval_seconds > 0:
+        raise ConfigError(
+            f"tracking.interval_seconds must be > 0 (seconds between sends), got {tracking.interval_seconds}."
+        )
+
+
+def _without_scheme(uri: str) -> bool:
+    """`mlflow.db`, `./mlruns`, `/data/mlruns`, `localhost:5000`: no scheme MLflow's stores take
+    (`databricks` alone is one)."""
+    scheme, colon, rest = uri.partition(":")
+    return uri != "databricks" and (not colon or rest.isdigit() or not re.fullmatch(r"[A-Za-z][\w+.-]*", scheme))
+
+
+def tracking_store(uri: str | None) -> str:
+    """tracking=mlflow's store as this launch finds it, to be recorded: a relative sqlite:/// or
+    file: path made absolute against the working dir (a resume from anywhere logs to the same);
+    null: MLFLOW_TRACKING_URI, else MLflow's own default (imported only then)."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        import mlflow
+
+        return mlflow.get_tracking_uri()
+    relative = re.fullmatch(r"(sqlite:///|file:)(?!/)([^?]+)(\?.*)?", uri)
+    if relative is None or relative[2] == ":memory:":
+        return uri
+    prefix = "sqlite:///" if uri.startswith("sqlite") else "file://"
+    return f"{prefix}{Path(relative[2]).resolve()}{relative[3] or ''}"
+
+
+def check_model_logged(tracking: TrackingSettings, composed: Mapping[str, Any]) -> None:
+    """tracking.log_model=true logs the HF export: the run must write one."""
+    checkpoint = composed.get("checkpoint") or {}
+    exports = checkpoint.get("enable") and checkpoint.get("last_save_in_hf")
+    if tracking.kind != "none" and tracking.log_model and not exports:
+        raise ConfigError(
+            "tracking.log_model=true logs the run's HF export, and this run writes none: add checkpointing=export_hf "
+            "(with checkpointing=from_hf: checkpointing=[from_hf,export_hf])."
+        )
 
 
 @dataclass(kw_only=True)

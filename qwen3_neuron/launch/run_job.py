@@ -7,6 +7,8 @@ rank builds only then (`handoff.Handoff`, `worker.rank0_plan`). This process nev
 run (an HF export is global rank 0's, after training). A plan that fails stops the workers and
 removes what this launch wrote (a resumed run's earlier job.yaml and logs are put back), so a
 config error leaves what it always did. Dry runs and `run.show_data` plan here and start nothing.
+With tracking=mlflow|wandb this process is the job's one writer to the store: it follows
+metrics.jsonl from when the workers build until the job's end (`report.tracking`).
 
 A single run and each job of a sweep go through `run_job`, which returns the job's `JobOutcome`
 (`report.outcome`). It never exits the process: Hydra's job-end callbacks and log flushing run
@@ -46,10 +48,11 @@ from qwen3_neuron.launch.resume import planned_schedule_end, resume_step, resume
 from qwen3_neuron.launch.run_lock import RunDirLock
 from qwen3_neuron.handoff import Handoff, PlannedRun
 from qwen3_neuron.report.loss_check import check_first_loss
-from qwen3_neuron.report.mlflow_tracking import track_run
 from qwen3_neuron.report.outcome import JobOutcome
 from qwen3_neuron.report.peak_flops import peak_for_run, write_run_dir_peak
 from qwen3_neuron.report.summary import summarize, summary_lines, sweep_job_value, sweep_stop_reason, write_summary
+from qwen3_neuron.report.job_tracking import job_tracking, track_run
+from qwen3_neuron.report.tracking import LiveTracking
 from qwen3_neuron.run_dir import (
     COMMAND_FILE,
     EXPORT_FILE,
@@ -325,10 +328,15 @@ class _HydraJob:
     def __init__(self, run_dir: Path, single_run: bool, label: str, sweep_dir: Path | None, cfg: DictConfig):
         self.run_dir, self.single_run, self.label, self.sweep_dir = run_dir, single_run, label, sweep_dir
         self.cfg = cfg
+        self.tracking: LiveTracking | None = None  # tracking=mlflow|wandb: the writer, while the job trains
 
     def track(self, summary: dict) -> None:
-        """tracking=mlflow: the job's outcome in its MLflow run, once its summary is written (the
-        config Hydra composed stands in for a job.yaml this launch did not keep)."""
+        """tracking=mlflow|wandb: the job's outcome in its tracked run, once its summary is written
+        (a job that never trained: its run made now, the config Hydra composed standing in for a
+        job.yaml this launch did not keep)."""
+        if self.tracking is not None:
+            self.tracking.finish(summary)
+            return
         composed = None
         if not (self.run_dir / JOB_FILE).exists():
             try:
@@ -379,6 +387,10 @@ class _HydraJob:
                 print(f"[qwen3-neuron] the earlier model's scores moved to {aside}")
         # before any worker builds: their metrics compute MFU against it
         write_run_dir_peak(self.run_dir, peak_for_run(job.device, planned.dtype, launch.env), planned.world_size)
+        if run.node_rank == 0:  # the job's one writer: node 0's launcher follows metrics.jsonl while it trains
+            self.tracking = job_tracking(self.run_dir, job.composed, self.sweep_dir, workers.torchrun.process.pid)
+            if self.tracking is not None:
+                self.tracking.start()
         progress = None
         if not run.verbose:
             progress = Progress(
@@ -431,7 +443,7 @@ class _HydraJob:
             write_summary(self.run_dir, summary)
         for line in [*summary_lines(summary), f"run dir: {self.run_dir} (every figure: summary.json)"]:
             print(f"[qwen3-neuron] {line}")
-        self.track(summary)  # its line last: where the MLflow run is
+        self.track(summary)  # its line last: where the tracked run is
         code = exit_code or (1 if summary["status"] != "completed" else 0)
         value = None
         if not self.single_run:

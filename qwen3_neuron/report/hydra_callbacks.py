@@ -8,7 +8,7 @@ prints the table. The launch's exit code comes from the jobs' outcomes (`report.
 of jobs that ran in this process are launch.py's already; when they all ran elsewhere (submitit),
 it reads them from their summaries here and hands them to launch.py (`SweepEnded`).
 With tracking=mlflow it also makes the sweep's parent MLflow run when the multirun starts and
-ends it when it ends (report.mlflow_tracking).
+ends it when it ends (report.mlflow_tracking); tracking=wandb groups the jobs' runs instead.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from qwen3_neuron.report.mlflow_tracking import settings_of, sweep_ended, sweep_started
+from qwen3_neuron.report.mlflow_tracking import sweep_ended, sweep_started
 from qwen3_neuron.report.outcome import JobOutcome, SweepEnded
 from qwen3_neuron.report.sweep_table import CSV_FILE, MARKDOWN_FILE, PLOT_FILE, collect_jobs, write_report
+from qwen3_neuron.report.tracking import settings_of
 from qwen3_neuron.run_dir import STOP_FILE
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class SweepReport(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         _write(sweep_dir, quiet=False)
         tracking = _tracking(config)
-        if settings_of(tracking) is not None:  # tracking=mlflow: the parent run ends with the sweep
+        if settings_of(tracking, "mlflow") is not None:  # tracking=mlflow: the parent run ends with the sweep
             sweep_ended(sweep_dir.resolve(), tracking, [job.summary["status"] for job in collect_jobs(sweep_dir)])
         if not self.jobs_ended_here:  # submitit ran them: launch.py has none of their outcomes
             raise SweepEnded([JobOutcome.recorded(job.summary) for job in collect_jobs(sweep_dir)])

@@ -1,21 +1,24 @@
-"""tracking=mlflow: each run, and each sweep, also in an MLflow tracking store.
+"""tracking=mlflow: each run, and each sweep, also in an MLflow tracking store, while it trains.
 
-One writer, the launcher, once a job has ended, from what its run dir holds: every
-`metrics.jsonl` record as step metrics under its own names, the resolved job (`job.yaml`) as
-params with dotted keys, `job.yaml`, `trainer_config.json` and `summary.json` as artifacts, and tags for the git SHA,
-the model, the device and the status (a failure's reason in `error`). The launcher sees what no
-worker does (a config error that started no worker, the export's and the evaluation's outcome, a
-crash of rank 0), and the workers never wait on the network: a store that is down or slow is
-said once on the console and the launch goes on, its run dir complete as always.
+`MLflowRun` is the store's side of the launcher's writer (report.tracking): the MLflow run is made
+(RUNNING) when the workers start, with the resolved job (`job.yaml`) as params with dotted keys;
+every `metrics.jsonl` record goes in as step metrics under its own names as the run trains, with
+system metrics beside them (report.system_metrics); when the job ends, `job.yaml`,
+`trainer_config.json` and `summary.json` as artifacts (`tracking.log_model=true`: the HF export and
+a LoRA run's adapter too), tags for the git SHA, the model, the device and the status (a failure's
+reason in `error`), and the MLflow status. The launcher sees what no worker does (a config error
+that started no worker, the export's and the evaluation's outcome, a crash of rank 0), and the
+workers never wait on the network. A launcher killed with kill -9 leaves the run RUNNING with what
+it had sent.
 
 A sweep (`-m`, Optuna's included) is one parent run, made when the multirun starts
 (`report.hydra_callbacks.SweepReport`), each job's run its child (MLflow's `mlflow.parentRunId`
 tag) with `run.objective`'s value as its metric `objective`; the parent gets the sweep's
 summary.csv, summary.md and loss.png when the sweep ends. The MLflow run of a run dir (of a sweep
-dir) is named in its `mlflow_run.json`, with how much of metrics.jsonl it holds: a resume, or an
-extension, continues that run and logs the records it does not have yet.
+dir) is named in its `mlflow_run.json`, with the store and how much of metrics.jsonl it holds: a
+resume, or an extension, continues that run (RUNNING again) and logs the records it does not have yet.
 
-MLflow is imported by tracking=mlflow runs only (seconds of imports).
+MLflow is imported by tracking=mlflow runs only (seconds of imports), in the writer's thread.
 """
 
 from __future__ import annotations
@@ -31,17 +34,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.job.settings import TrackingSettings
 from qwen3_neuron.eval.objective import objective_value
-from qwen3_neuron.fields import apply_fields
+from qwen3_neuron.job.settings import TrackingSettings, tracking_store
+from qwen3_neuron.report.tracking import failed_before, say_failure, settings_of
 from qwen3_neuron.run_dir import (
     JOB_FILE,
-    METRICS_FILE,
     MLFLOW_RUN_FILE,
     SUMMARY_FILE,
     TRAINER_CONFIG_FILE,
-    read_job,
     read_json,
     write_json,
 )
@@ -55,35 +55,108 @@ FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOF
 RUN_STATUS = {"completed": "FINISHED", "interrupted": "KILLED"}  # any other: FAILED
 VERSIONS_FILE = "versions.json"  # job.record's: the git SHA
 SWEEP_FILES = ("summary.csv", "summary.md", "loss.png", "optimization_results.yaml")  # the parent's artifacts
-
-_given_up: set[str] = set()  # stores this process failed to log to: said once, not tried again
-
-
-def settings_of(composed: Mapping[str, Any] | None) -> TrackingSettings | None:
-    """tracking=mlflow's settings in a composed config; None for tracking=none, or for a
-    `tracking` section with a mistake (the job names it as a config error)."""
-    try:
-        settings = apply_fields(TrackingSettings(), (composed or {}).get("tracking") or {}, "tracking")
-    except ConfigError:
-        return None
-    return settings if settings.kind == "mlflow" else None
+MODEL_ARTIFACTS = {"export_dir": "hf_export", "adapter_dir": "peft_adapter"}  # tracking.log_model: field -> folder
+MAX_METRICS, MAX_PARAMS = 1000, 100  # MLflow's most per request
 
 
-def track_run(run_dir: Path, summary: dict[str, Any], composed: Mapping[str, Any] | None,
-              sweep_dir: Path | None) -> None:  # fmt: skip
-    """The job that ended in `run_dir` with `summary`, logged to its MLflow run when it runs with
-    tracking=mlflow: the run its `mlflow_run.json` names (a resume), else a new one (in a sweep,
-    a child of the sweep's). `composed`: the job's config as Hydra composed it, for a job whose
-    run dir has no job.yaml (a sweep job's config error, a crash before the plan)."""
-    job = _read_job(run_dir) or composed
-    settings = settings_of(job)
-    if settings is not None:
-        _guarded(settings, lambda: _log_run(_Store(settings), run_dir, summary, job, sweep_dir))
+class MLflowRun:
+    """The MLflow run of the job in `run_dir` (report.tracking.TrackedRun): the one its
+    `mlflow_run.json` names in the same store (a resume), else a new one (a sweep job: a child of
+    the sweep's). `workers_pid`: torchrun's while the job trains (system metrics), else None."""
+
+    label = "MLflow"
+
+    def __init__(self, settings: TrackingSettings, run_dir: Path, job: Mapping[str, Any], sweep_dir: Path | None,
+                 workers_pid: int | None = None):  # fmt: skip
+        self.settings, self.run_dir, self.job, self.sweep_dir = settings, run_dir, job, sweep_dir
+        self.store = store_name(settings)
+        self.offset = 0
+        self._workers_pid = workers_pid
+        self._store: _Store | None = None
+        self._record: dict[str, Any] = {}
+        self._system = None
+
+    def open(self) -> None:
+        from mlflow.entities import Param
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+        store = self._store = _Store(self.settings)
+        record = read_json(self.run_dir / MLFLOW_RUN_FILE) or {}
+        if record.get("tracking_uri") == store.uri and _exists(store, record["run_id"]):
+            store.client.update_run(record["run_id"], status="RUNNING")  # a resume: running again
+        else:
+            record = _new_run(store, self.run_dir, self.sweep_dir)
+        self._record, self.offset = record, record["metrics_bytes"]
+        run_id = record["run_id"]
+        # params are fixed once logged: a resume adds the keys the run had not (what it changed: job.yaml)
+        known = store.client.get_run(run_id).data.params
+        params = [Param(k, v) for k, v in job_params(self.job, MAX_PARAM_VAL_LENGTH).items() if k not in known]
+        for start in range(0, len(params), MAX_PARAMS):
+            store.client.log_batch(run_id, params=params[start : start + MAX_PARAMS])
+        if self._workers_pid is not None and self.settings.system_metrics and self._system is None:
+            self._start_system_metrics(run_id)
+
+    def _start_system_metrics(self, run_id: str) -> None:
+        """Beside the run's metrics while it trains; a monitor that cannot start is said, and the
+        run's own metrics go on without it."""
+        from qwen3_neuron.report.system_metrics import start_system_metrics
+
+        try:
+            self._system = start_system_metrics(self._store.uri, run_id, self.run_dir, self.job, self._workers_pid,
+                                                self.settings.interval_seconds)  # fmt: skip
+        except Exception as e:  # psutil, a GPU library: never the run's metrics' problem
+            self._workers_pid = None  # not tried again
+            print(f"{LINE}: no system metrics ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+
+    def send(self, records: list[dict[str, Any]], offset: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        entries = [Metric(name, float(value), now, record["step"]) for record in records
+                   for name, value in record.items()
+                   if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)]  # fmt: skip
+        self._log_metrics(entries)
+        self._record["metrics_bytes"] = self.offset = offset
+        write_json(self.run_dir / MLFLOW_RUN_FILE, self._record)
+
+    def close(self, summary: dict[str, Any]) -> None:
+        from mlflow.entities import Metric, RunTag
+        from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+        store, run_id = self._store, self._record["run_id"]
+        if self._system is not None:
+            self._system.finish()
+            self._system = None
+        objective = (self.job.get("run") or {}).get("objective", "final_loss")
+        value = objective_value(summary, objective) if summary.get("status") == "completed" else None
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            self._log_metrics([Metric("objective", float(value), int(time.time() * 1000), summary.get("steps") or 0)])
+        tags = [RunTag(k, str(v)[:MAX_TAG_VAL_LENGTH]) for k, v in _tags(self.run_dir, summary, self.job).items()
+                if v is not None]  # fmt: skip
+        store.client.log_batch(run_id, tags=tags)
+        for name in (JOB_FILE, TRAINER_CONFIG_FILE, SUMMARY_FILE):
+            if (self.run_dir / name).exists():
+                store.client.log_artifact(run_id, str(self.run_dir / name))
+        if self.settings.log_model:
+            for field, folder in MODEL_ARTIFACTS.items():
+                if summary.get(field):
+                    store.client.log_artifacts(run_id, summary[field], folder)
+        store.client.set_terminated(run_id, RUN_STATUS.get(summary.get("status"), "FAILED"))
+        print(f"{LINE}: {store.where(self._record['experiment_id'], run_id)}", flush=True)
+
+    def _log_metrics(self, entries: list) -> None:
+        for start in range(0, len(entries), MAX_METRICS):
+            self._store.client.log_batch(self._record["run_id"], metrics=entries[start : start + MAX_METRICS])
+
+
+def store_name(settings: TrackingSettings) -> str:
+    """The store, as the console names it (before MLflow is imported)."""
+    return settings.uri or os.environ.get("MLFLOW_TRACKING_URI") or "MLflow's default store"
 
 
 def sweep_started(sweep_dir: Path, composed: Mapping[str, Any]) -> None:
     """A multirun with tracking=mlflow: its parent run, named in the sweep dir for its jobs."""
-    settings = settings_of(composed)
+    settings = settings_of(composed, "mlflow")
     (sweep_dir / MLFLOW_RUN_FILE).unlink(missing_ok=True)  # a reused sweep dir: not an earlier sweep's parent
     if settings is None:
         return
@@ -103,7 +176,7 @@ def sweep_started(sweep_dir: Path, composed: Mapping[str, Any]) -> None:
 def sweep_ended(sweep_dir: Path, composed: Mapping[str, Any], statuses: list[str]) -> None:
     """The parent run of a sweep that ended (its jobs' `statuses`): the sweep's table and plot as
     artifacts, FINISHED when every job completed, else FAILED; where it is, on the console."""
-    settings, parent = settings_of(composed), read_json(sweep_dir / MLFLOW_RUN_FILE)
+    settings, parent = settings_of(composed, "mlflow"), read_json(sweep_dir / MLFLOW_RUN_FILE)
     if settings is None or parent is None:
         return
 
@@ -148,13 +221,15 @@ class _Store:
             os.environ.setdefault(name, value)
         # a server's run: MLflow prints its own two "View run" lines; the launch's one line says it
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-        import mlflow
         from mlflow.tracking import MlflowClient
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # its database set-up lines, on every new store
         logging.getLogger("alembic").setLevel(logging.WARNING)
+        retries = logging.getLogger("urllib3.connectionpool")  # a warning per retry: the writer says a failure
+        if _quiet_in_writers not in retries.filters:
+            retries.addFilter(_quiet_in_writers)
         self.settings = settings
-        self.uri = settings.uri or mlflow.get_tracking_uri()
+        self.uri = tracking_store(settings.uri)  # as the job recorded it (a sweep's parent: resolved the same way)
         self.client = MlflowClient(self.uri)
 
     def experiment_id(self) -> str:
@@ -174,39 +249,9 @@ class _Store:
                 f"(mlflow ui --backend-store-uri {self.uri})")  # fmt: skip
 
 
-def _log_run(store: _Store, run_dir: Path, summary: dict[str, Any], job: Mapping[str, Any] | None,
-             sweep_dir: Path | None) -> None:  # fmt: skip
-    from mlflow.entities import Metric, Param, RunTag
-    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
-
-    record = read_json(run_dir / MLFLOW_RUN_FILE) or {}
-    if record.get("tracking_uri") != store.uri or not _exists(store, record["run_id"]):
-        record = _new_run(store, run_dir, sweep_dir)
-    run_id = record["run_id"]
-    now = int(time.time() * 1000)
-    metrics, logged = _new_records(run_dir, record["metrics_bytes"])
-    entries = [Metric(name, float(value), now, step["step"]) for step in metrics for name, value in step.items()
-               if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)]  # fmt: skip
-    objective = ((job or {}).get("run") or {}).get("objective", "final_loss")
-    value = objective_value(summary, objective) if summary["status"] == "completed" else None
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        entries.append(Metric("objective", float(value), now, summary.get("steps") or 0))
-    for start in range(0, len(entries), 1000):  # MLflow's most metrics per request
-        store.client.log_batch(run_id, metrics=entries[start : start + 1000])
-    record["metrics_bytes"] = logged
-    write_json(run_dir / MLFLOW_RUN_FILE, record)
-    # params are fixed once logged: a resume adds the keys the run had not (what it changed: job.yaml)
-    known = store.client.get_run(run_id).data.params
-    params = [Param(k, v) for k, v in job_params(job or {}, MAX_PARAM_VAL_LENGTH).items() if k not in known]
-    for start in range(0, len(params), 100):  # MLflow's most params per request
-        store.client.log_batch(run_id, params=params[start : start + 100])
-    tags = [RunTag(k, str(v)[:MAX_TAG_VAL_LENGTH]) for k, v in _tags(run_dir, summary, job).items() if v is not None]
-    store.client.log_batch(run_id, tags=tags)
-    for name in (JOB_FILE, TRAINER_CONFIG_FILE, SUMMARY_FILE):
-        if (run_dir / name).exists():
-            store.client.log_artifact(run_id, str(run_dir / name))
-    store.client.set_terminated(run_id, RUN_STATUS.get(summary["status"], "FAILED"))
-    print(f"{LINE}: {store.where(record['experiment_id'], run_id)}", flush=True)
+def _quiet_in_writers(record: logging.LogRecord) -> bool:
+    """No client retry warnings from the writer's threads (report.tracking, system metrics)."""
+    return record.threadName not in ("tracking", "SystemMetricsMonitor")
 
 
 def _new_run(store: _Store, run_dir: Path, sweep_dir: Path | None) -> dict[str, Any]:
@@ -235,16 +280,6 @@ def _exists(store: _Store, run_id: str) -> bool:
         return False
 
 
-def _new_records(run_dir: Path, start: int) -> tuple[list[dict[str, Any]], int]:
-    """The records of metrics.jsonl from byte `start` on (whole lines), and the byte after them."""
-    path = run_dir / METRICS_FILE
-    data = path.read_bytes() if path.exists() else b""
-    if start > len(data):  # not the file the record counted
-        start = 0
-    end = data.rfind(b"\n") + 1
-    return [json.loads(line) for line in data[start:end].splitlines() if line.strip()], max(end, start)
-
-
 def _tags(run_dir: Path, summary: dict[str, Any], job: Mapping[str, Any] | None) -> dict[str, Any]:
     job = job or {}
     model, device = job.get("model") or {}, job.get("device") or {}
@@ -268,15 +303,12 @@ def _user() -> dict[str, str]:
         return {}
 
 
-def _read_job(run_dir: Path) -> dict[str, Any] | None:
-    return read_job(run_dir) if (run_dir / JOB_FILE).exists() else None
-
-
 def _guarded(settings: TrackingSettings, action: Callable[[], None]) -> None:
-    """`action`, unless logging to this store failed already in this process; a failure (a server
-    that is down or slow, a store that refuses) said once, and the launch goes on."""
-    store = settings.uri or os.environ.get("MLFLOW_TRACKING_URI") or "MLflow's default store"
-    if store in _given_up:
+    """A sweep's parent run, made or ended by `action`, unless this store failed already in this
+    process; a failure (a server that is down or slow, a store that refuses) said once, and the
+    launch goes on."""
+    store = store_name(settings)
+    if failed_before(store):
         return
     retries = logging.getLogger("urllib3.connectionpool")  # a warning per retry: the failure is said below
     level = retries.level
@@ -284,11 +316,6 @@ def _guarded(settings: TrackingSettings, action: Callable[[], None]) -> None:
     try:
         action()
     except Exception as e:  # whatever MLflow or the network raises: the run dir keeps everything
-        _given_up.add(store)
-        reason = " ".join(str(e).split()) or type(e).__name__
-        if len(reason) > 300:  # MLflow's request, then the cause at the end (Connection refused)
-            reason = f"{reason[:140]} ... {reason[-140:]}"
-        print(f"{LINE}: could not log to {store} ({reason}); the run goes on without MLflow, all of it "
-              "in its run dir (a resume logs what MLflow missed)", file=sys.stderr, flush=True)  # fmt: skip
+        say_failure("MLflow", store, e)
     finally:
         retries.setLevel(level)
