@@ -89,3 +89,11 @@ def test_the_run_dirs_the_docs_write_into_are_left_out_of_git():
     if result.returncode == 128:
         pytest.skip(f"not a git checkout: {result.stderr.strip()}")
     assert "runs/run" in paths and result.stdout.split() == paths
+
+
+def test_the_configuration_page_names_every_section_of_the_frameworks_keys():
+    from qwen3_neuron.job.settings import SECTIONS
+
+    page = (REPO / "docs" / "configuration.md").read_text()
+    keys = page.split("## The framework's keys", 1)[1].split("\n## ", 1)[0]
+    assert [name for name in SECTIONS if f"`{name}." not in keys] == []
