@@ -112,6 +112,10 @@ def unknown_key_message(key_path: str, key: str, valid: typing.Iterable[str]) ->
 def check_type(value: Any, hint: Any, key_path: str) -> Any:
     """Return ``value`` (coerced where lossless: int->float, list->tuple) or raise ConfigError."""
     ok, coerced = _match(value, hint)
+    if not ok and typing.get_origin(hint) is typing.Literal:  # a choice: the value is wrong, not its type
+        close = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(hint)], n=1, cutoff=0.6)
+        guess = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"Wrong value for '{key_path}': expected {type_name(hint)}, got {value!r}.{guess}")
     if not ok:
         raise ConfigError(
             f"Wrong type for '{key_path}': expected {type_name(hint)}, "

@@ -118,7 +118,7 @@ def test_the_launcher_names_a_misspelled_torchtitan_key_as_the_plan_does(tmp_pat
 @pytest.mark.parametrize("overrides, message", [
     (["optimizer.lr=fast"], "Wrong type for 'optimizer.lr': expected float, got str 'fast'."),
     (["optimizer.weight_decay=abc"], "Wrong type for 'optimizer.weight_decay': expected float, got str 'abc'."),
-    (["training.dtype=fp16"], "Wrong type for 'training.dtype': expected one of 'bfloat16', 'float32', got str 'fp16'."),
+    (["training.dtype=fp16"], "Wrong value for 'training.dtype': expected one of 'bfloat16', 'float32', got 'fp16'."),
     # bool is an int subclass in Python: true is not the int 1
     (["training.steps=true"], "Wrong type for 'training.steps': expected int, got bool True."),
     (["data=text", "data.files={text}", "dataloader.seed=x"], "Wrong type for 'dataloader.seed': expected int, got str 'x'."),
@@ -221,6 +221,34 @@ def test_dry_run_records_the_run_and_starts_nothing(tmp_path, assets):
     # torchtitan's warning of its own base config is kept in the run's log, off the screen
     assert [line for line in out.splitlines() if not line.startswith("[qwen3-neuron] ")] == [], out
     assert "initial_load_model_only=True has no effect" in (run_dir / "launch.log").read_text()
+
+
+def test_torchtitans_note_on_a_dtype_it_records_as_text_stays_off_the_launchers_screen():
+    """model=hf's config holds a torch.dtype; torchtitan's to_dict (trainer_config.json) writes it
+    as text and says so: nothing for a user to act on, shown only in launch.log."""
+    import io
+    import logging
+    from dataclasses import dataclass
+
+    import torch
+    from torchtitan.config.configurable import Configurable
+
+    from qwen3_neuron.launch import console
+
+    @dataclass(kw_only=True, slots=True)
+    class WithDtype(Configurable.Config):
+        dtype: torch.dtype = torch.bfloat16
+
+    screen, log = io.StringIO(), io.StringIO()
+    shown, kept = logging.StreamHandler(screen), logging.StreamHandler(log)
+    shown.addFilter(console._Quiet(verbose=False))
+    root = logging.getLogger()
+    root.addHandler(shown), root.addHandler(kept)
+    try:
+        assert WithDtype().to_dict() == {"dtype": "torch.bfloat16"}
+    finally:
+        root.removeHandler(shown), root.removeHandler(kept)
+    assert "may not be JSON serializable" in log.getvalue() and screen.getvalue() == ""
 
 
 def test_the_plan_names_the_weights_a_run_starts_from(tmp_path, assets):

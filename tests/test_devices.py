@@ -64,7 +64,8 @@ def test_neuron_without_torch_neuronx_names_the_aws_index():
 
 
 def test_the_workers_keep_an_exported_thread_count_and_command_sh_records_it(tmp_path, monkeypatch):
-    """README: "export OMP_NUM_THREADS=1 (the launcher keeps it)"; unset, a CPU rank gets cores // ranks."""
+    """docs/parallelism-and-scale-out.md: "export `OMP_NUM_THREADS=1` (the launcher keeps it)"; unset, a CPU rank
+    gets cores // ranks."""
     job = compose_job("device=cpu", "run.nproc_per_node=1").settled()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert worker_launch(job, tmp_path).env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))

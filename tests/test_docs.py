@@ -2,11 +2,13 @@
 folders, Hydra's own under conf/hydra/ too) is named as `group=option` and every experiment as
 `experiment=name` in README.md or docs/*.md, so a new option fails here until it is documented;
 every relative link of those pages resolves to a file (and an anchor to a heading of it); every
-docs/ page is linked from the README. The pages' commands are planned by tests/test_readme.py."""
+docs/ page is linked from the README; the run dirs the pages' commands write into stay out of git.
+The pages' commands are planned by tests/test_readme.py."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,22 @@ def test_every_docs_page_is_linked_from_the_readme():
 
 def test_the_readme_stays_a_map():
     assert len((REPO / "README.md").read_text().splitlines()) <= 260
+
+
+def test_the_run_dirs_the_docs_write_into_are_left_out_of_git():
+    """Hydra's outputs/ and multirun/, and each relative hydra.run.dir a page names (runs/sft):
+    after the docs' commands `git status` shows none of them."""
+    named = {found for page in PAGES for found in re.findall(r"hydra\.run\.dir=([\w.-]+)/", page.read_text())}
+    paths = sorted(f"{folder}/run" for folder in named | {"outputs", "multirun"})
+    result = subprocess.run(["git", "check-ignore", *paths], cwd=REPO, capture_output=True, text=True, check=False)
+    if result.returncode == 128:
+        pytest.skip(f"not a git checkout: {result.stderr.strip()}")
+    assert "runs/run" in paths and result.stdout.split() == paths
+
+
+def test_the_configuration_page_names_every_section_of_the_frameworks_keys():
+    from qwen3_neuron.job.settings import SECTIONS
+
+    page = (REPO / "docs" / "configuration.md").read_text()
+    keys = page.split("## The framework's keys", 1)[1].split("\n## ", 1)[0]
+    assert [name for name in SECTIONS if f"`{name}." not in keys] == []

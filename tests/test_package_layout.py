@@ -1,6 +1,7 @@
 """The arrows of the package layout: launch/worker/report -> job -> models/data/finetune/devices/...
 -> the ground floor, never back up; the workers never import the launcher's side or Hydra; the
-run-dir contract and the errors import nothing of ours.
+run-dir contract and the errors import nothing of ours. A package docstring that lists its
+modules lists every one of them.
 
 Read from the source (every import statement, also those inside functions), so a lazy import
 that crosses the boundary is caught as well.
@@ -139,3 +140,20 @@ def test_no_module_of_ours_imports_itself_back():
                 seen.add(module)
                 todo += [m for m in GRAPH[module] if m in GRAPH]
     assert circles == []
+
+
+# finetune/ is being split into packages of their own (DPO, GRPO, generation, rewards); its
+# docstring is written with that split
+LISTS_TO_FOLLOW = sorted(path.parent for path in PACKAGE.rglob("__init__.py") if path.parent.name != "finetune")
+
+
+@pytest.mark.parametrize("package", LISTS_TO_FOLLOW, ids=lambda p: _module_name(p / "__init__.py"))
+def test_a_package_docstring_that_names_its_modules_names_every_one(package):
+    """A module is named as `name`, `name.py` or `name/` (a subpackage); a docstring naming none
+    lists nothing (DEVELOPING.md maps the tree)."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    files = [p for p in package.glob("*.py") if p.stem not in ("__init__", "__main__")]
+    modules = {p.stem: (f"`{p.stem}`", f"`{p.name}`") for p in files}
+    modules |= {p.name: (f"`{p.name}`", f"`{p.name}/`") for p in package.iterdir() if (p / "__init__.py").exists()}
+    named = {name for name, forms in modules.items() if any(form in doc for form in forms)}
+    assert not named or sorted(set(modules) - named) == []

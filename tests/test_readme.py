@@ -1,7 +1,8 @@
 """The README's and the docs' commands as written: every `launch.py` line of the bash blocks of
 README.md and docs/*.md composes and plans (in-process, as a dry run; a sweep, each of its jobs), in
 a dir holding the files they name (`chats.jsonl`, `pairs.jsonl`, `math.jsonl`, `corpus/`,
-`alpaca.json`, `Qwen3-0.6B/`), made from the bundled assets. An example that drifts from what runs
+`alpaca.json`, `Qwen3-0.6B/`), made from the bundled assets; each docs page's first command, in an
+empty dir: it runs on a fresh clone (the bundled files only). An example that drifts from what runs
 fails here."""
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ def commands_of(page: Path) -> list[str]:
 
 def readme_commands() -> list[str]:
     return commands_of(REPO / "README.md")
+
+
+def first_commands() -> dict[str, str]:
+    """{docs page: the first line of its first bash block}, which must be a `launch.py` command."""
+    return {page.name: re.search(r"```bash\n(.*)", page.read_text()).group(1) for page in PAGES[1:]}
 
 
 def documented_commands() -> list:
@@ -63,8 +69,17 @@ def test_the_readme_has_commands_for_each_first_screen_task():
         assert shown in commands
 
 
+def test_each_docs_page_opens_with_a_launch_command():
+    opening = first_commands()
+    assert {page: line for page, line in opening.items() if line not in commands_of(REPO / "docs" / page)} == {}
+
+
 @pytest.mark.parametrize("command", documented_commands())
-def test_every_documented_command_plans_as_written(users_dir, command):
+def test_every_documented_command_plans_as_written(users_dir, command, tmp_path, monkeypatch):
+    """A page's first command plans in an empty dir (a fresh clone's: none of the user's files)."""
+    if command in first_commands().values():
+        (tmp_path / "fresh").mkdir()
+        monkeypatch.chdir(tmp_path / "fresh")
     for token in command.split():
         if "=[" in token:  # zsh (macOS's shell) expands an unquoted [...]
             assert token[0] in "'\"", f"quote {token} in the docs"
@@ -74,10 +89,11 @@ def test_every_documented_command_plans_as_written(users_dir, command):
         compose_config(*args[: args.index("--cfg")])
         return
     overrides = [arg for arg in args if arg != "-m"]
-    if "device=cuda" in overrides and not torch.cuda.is_available():
+    told = any(override.startswith("run.nproc_per_node=") for override in overrides)
+    if "device=cuda" in overrides and not torch.cuda.is_available() and not told:
         overrides.append("run.nproc_per_node=1")  # a dry run for GPUs that are not here is told how many
     for job in sweep_jobs(overrides):
-        plan_of(compose_job(*job, "run.dry_run=true"), users_dir / "run")
+        plan_of(compose_job(*job, "run.dry_run=true"), tmp_path / "run")
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:

@@ -189,7 +189,7 @@ def test_optuna_reports_the_best_trial_and_a_failed_trial_as_failed(tmp_path, as
     # TPE's seeded start-up draws (optuna 2.10.1): trial 0 nosuch (fails at plan), trial 1 tiny.
     # Not the grid sampler: hydra-optuna-sweeper 1.3.0 crashes when a grid's last trial fails
     # ("Study.stop is supposed to be invoked inside an objective function or a callback").
-    storage = f"sqlite:///{tmp_path / 'study.db'}"  # a persistent study (README: Sweeps)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"  # a persistent study (docs/sweeps.md)
     result = multirun(
         sweep_dir, "hydra/sweeper=optuna", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=2",
         f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=flavors",

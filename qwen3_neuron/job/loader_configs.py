@@ -1,9 +1,9 @@
 """The `data` section -> torchtitan's `dataloader` and `validator.dataloader` configs.
 
 data=tiny / data=c4 leave both as the `dataloader` section wrote them (torchtitan's registered
-data sets). data=text / chat / mix make a `PackedDataLoader.Config` for training and, when a
-validation set is named (`data.val_files` or `data.val_fraction`), another one for torchtitan's
-`Validator`, which is then switched on. Both sides (plan and workers) call this through
+data sets). The packed kinds (`settings.PACKED_KINDS`) make a `PackedDataLoader.Config` for
+training and, when a validation set is named (`data.val_files` or `data.val_fraction`), another
+one for torchtitan's `Validator`, which is then switched on. Both sides (plan and workers) call this through
 `job.trainer_config`; it reads no data.
 """
 
@@ -102,6 +102,6 @@ def _refuse_unused(data: DataSettings) -> None:
     for f in dataclasses.fields(DataSettings):
         if f.name != "kind" and getattr(data, f.name) != getattr(default, f.name):
             raise ConfigError(
-                f"data.{f.name} applies to data=text|chat|mix|preference|prompts; data={data.kind} reads torchtitan's "
+                f"data.{f.name} applies to data={'|'.join(PACKED_KINDS)}; data={data.kind} reads torchtitan's "
                 f"registered data set (the dataloader section). E.g. data=text data.{f.name}=..."
             )

@@ -1,5 +1,5 @@
-"""The framework's own config sections (`SECTIONS`, one dataclass each: `model`, `kernels`,
-`device`, `run`, `hf`, `data`, `finetune`, `eval`, `trainer` and its objectives' sections, `tracking`).
+"""The framework's own config sections, one dataclass each (`SECTIONS` names them; each key's
+docstring says what it does; docs/configuration.md lists them, tests/test_docs.py holds it to them).
 
 Everything else in the composed YAML is a torchtitan `Trainer.Config` section under torchtitan's
 own name. These dataclasses are checked by the same code (`fields.apply_fields`), so a typo or a

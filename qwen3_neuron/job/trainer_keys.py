@@ -6,7 +6,7 @@ with the message the plan's `fields.apply_fields` gives for it.
 `trainer_keys.json` holds, per torchtitan version (the installed one read from its package
 metadata, which is cheap), the tree of fields, each with its type (`fields.hint_text`: a class
 of torchtitan's own there is any value, left to the plan), of the base config of each config function
-`conf/model/` names, and of the packed data loader that data=text|chat|mix puts in `dataloader`
+`conf/model/` names, and of the packed data loader that a packed data kind puts in `dataloader`
 (and in `validator.dataloader` with a validation set). What it does not know is left to the plan:
 a torchtitan version it has no schema for (said once per launch), another config function, a
 node with `_target_` (another class). The plan, which imports torchtitan anyway, compares the

@@ -15,8 +15,12 @@ import logging
 import warnings
 
 # torchtitan's base configs keep initial_load_model_only=True beside no initial_load_path, and its
-# checkpoint config warns of it each time one is made
-NOT_ACTIONABLE = ("initial_load_model_only=True has no effect without an initial_load_path.",)
+# checkpoint config warns of it each time one is made; its to_dict, which the record writes
+# trainer_config.json with, notes each torch.dtype of a config (model=hf's) it writes as text
+NOT_ACTIONABLE = (
+    "initial_load_model_only=True has no effect without an initial_load_path.",
+    "Config field value of type dtype may not be JSON serializable",
+)
 
 
 class _Quiet(logging.Filter):

@@ -13,6 +13,8 @@ dir job.yaml names, and the plan's AutoConfig is made from what it read.)
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,8 +121,20 @@ def resolve_model_dir(hf_model: str | None, key: str = "model.hf_model") -> Path
         raise ConfigError(
             f"{key}={hf_model}: not a local dir and not in the Hugging Face cache "
             f"({type(e).__name__}). Runs are offline (HF_HUB_OFFLINE=1): download it first "
-            f"(`hf download {hf_model}`) or give a local dir."
+            f"(`{_download_command(hf_model)}`) or give a local dir."
         ) from e
+
+
+def _download_command(hf_model: str) -> str:
+    """The command that downloads `hf_model`: a Hub id is org/name; a bare name (Qwen3-0.6B) is
+    taken for the dir to download into, from Qwen's org where the name is Qwen's. The Hub's CLI
+    beside this Python (the venv's `.venv/bin/hf`) where there is one."""
+    beside = Path(sys.executable).parent / "hf"
+    cli = os.path.relpath(beside) if beside.exists() and not os.path.relpath(beside).startswith("..") else "hf"
+    if "/" in hf_model:
+        return f"{cli} download {hf_model}"
+    org = "Qwen" if hf_model.lower().startswith("qwen") else "<org>"
+    return f"{cli} download {org}/{hf_model} --local-dir {hf_model}"
 
 
 def check_safetensors(path: Path, key: str) -> list[Path]:
