@@ -18,7 +18,7 @@ import dataclasses
 from torchtitan.components.loss import IGNORE_INDEX
 
 from qwen3_neuron.data.loader import PackedDataLoader
-from qwen3_neuron.data.packing import SEQUENCE_IDS
+from qwen3_neuron.data.packing import DESIRABLE, SEQUENCE_IDS
 
 NO_LOSS_OPEN, NO_LOSS_CLOSE = "⟦", "⟧"
 
@@ -38,7 +38,8 @@ def show_samples(config, count: int, dp_world_size: int) -> str:
         inputs = input_dict["input"][0].tolist()
         positions = input_dict["positions"][0].tolist() if "positions" in input_dict else list(range(len(inputs)))
         sequences = input_dict[SEQUENCE_IDS][0].tolist() if SEQUENCE_IDS in input_dict else None
-        blocks.append(format_sample(index, inputs, labels[0].tolist(), positions, tokenizer, sequences))
+        desirable = input_dict[DESIRABLE][0].tolist() if DESIRABLE in input_dict else None
+        blocks.append(format_sample(index, inputs, labels[0].tolist(), positions, tokenizer, sequences, desirable))
     if len(blocks) < count:
         blocks.append(f"=== rank 0's rows end after {len(blocks)} sample(s) ===")
     openings = [line for line in map(_openings, getattr(loader, "packed_datasets", [])) if line][:1]
@@ -57,8 +58,9 @@ def _openings(dataset) -> str:
 
 
 def format_sample(index: int, inputs: list[int], labels: list[int], positions: list[int], tokenizer,
-                  sequences: list[int] | None = None) -> str:  # fmt: skip
-    """`sequences`: data=preference's sequence id per label (2k: pair k's chosen, 2k + 1: its rejected)."""
+                  sequences: list[int] | None = None, desirable: list[int] | None = None) -> str:  # fmt: skip
+    """`sequences`: data=preference's sequence id per label (2k: pair k's chosen, 2k + 1: its rejected;
+    trainer=kto, with `desirable`'s marks: unit k's completion, and the mismatched one of its KL estimate)."""
     starts = [i for i, p in enumerate(positions) if p == 0] or [0]
     bounds = list(zip(starts, [*starts[1:], len(inputs)]))
     with_loss = sum(label != IGNORE_INDEX for label in labels)
@@ -73,6 +75,9 @@ def format_sample(index: int, inputs: list[int], labels: list[int], positions: l
         documents += 1
         ids = {s for s in (sequences or [])[start:end] if s >= 0}
         role = f", pair {min(ids) // 2 + 1} {('chosen', 'rejected')[min(ids) % 2]}" if ids else ""
+        if ids and desirable is not None:
+            kind = "KL estimate's mismatched" if min(ids) % 2 else ("desirable" if any(desirable[start:end]) else "undesirable")
+            role = f", unit {min(ids) // 2 + 1} {kind} completion"
         lines.append(f"──── document {documents}{role} (tokens {start}-{end - 1}) ────")
         lines.append(format_document(doc_inputs, doc_labels, tokenizer))
     header = (f"=== sample {index + 1} of rank 0: {documents} document(s), {with_loss} of {len(inputs)} "

@@ -70,6 +70,14 @@ class SourceFields:
     rejected_field: str = "rejected"
     """data=preference: the dispreferred response, in the same form as the chosen one."""
 
+    completion_field: str = "completion"
+    """data=preference with trainer=kto, unpaired rows: the completion (a string, or a list of
+    assistant messages) that `label_field` judges."""
+
+    label_field: str = "label"
+    """data=preference with trainer=kto: the column marking an unpaired row's completion desirable
+    (true) or undesirable (false); a row without it is read as a pair (one of each)."""
+
     response_field: str | None = None
     """data=chat with instruction rows: the response column (the assistant turn)."""
 
@@ -115,9 +123,11 @@ class SourceFields:
 class DataSource(SourceFields):
     """One source of rows (data=text|chat: the `data` section; data=mix: one of `data.sources`)."""
 
-    format: Literal["text", "chat", "preference", "prompts"] = "text"
+    format: Literal["text", "chat", "preference", "kto", "prompts"] = "text"
     """How a row becomes a document: a text column, a conversation, or a pair of them (a chosen
-    and a rejected response to one prompt: two documents placed in one sample)."""
+    and a rejected response to one prompt: two documents placed in one sample); kto: data=preference
+    as trainer=kto reads it, units of a prompt and a labelled completion, each placed with the same
+    prompt and another unit's completion (its KL estimate's); prompts: a prompt to generate from."""
 
     weight: float = 1.0
     """data=mix: this source's share of the samples, against the other sources' weights."""
