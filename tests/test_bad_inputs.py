@@ -170,7 +170,8 @@ PLAN_TIME = [
     ([*DPO, "preference.loss=robust", "preference.label_smoothing=0.5"], ["preference.label_smoothing=0.5", "0 <= p < 0.5"]),
     (["data=chat", "preference.beta=0.2"], ["preference.beta is a setting of trainer=dpo, and this run trains with "
                                             "trainer=sft: choose trainer=dpo or leave preference.* out."]),
-    ([*DPO, "trainer=orpo"], ["preference.sft_weight is a setting of trainer=dpo, and this run trains with trainer=orpo"]),
+    ([*DPO, "trainer=orpo"],
+     ["preference.sft_weight is a setting of trainer=dpo, and this run trains with trainer=orpo"]),
     (["data=chat", "trainer=kto"], ["trainer=kto trains on data=preference rows, not on data=chat's (which train with "
                                     "trainer=sft): use data=preference for trainer=kto, or leave trainer out."]),
     ([*PREFERENCE, "trainer=orpo", "orpo.beta=0"], ["orpo.beta must be > 0 (TRL's default 0.1), got 0.0."]),
@@ -347,8 +348,9 @@ def test_a_launch_refused_by_the_plan_leaves_no_run_dir_when_its_workers_are_sto
 # Every mistake answered in one sentence, from the launcher, the workers and the commands alike:
 # (command, exit code, the console's exact first line on stderr). "{x}" fills in below.
 TOPLEVEL = ("activation_checkpoint, checkpoint, checkpointing, comm, compile, data, dataloader, debug, device, eval, "
-            "experiment, finetune, grpo, hf, hf_assets_path, hydra, kernels, loss, lr_scheduler, metrics, model, optimizer, "
-            "override, parallelism, preference, profiler, run, tokenizer, tracking, training, validator")  # fmt: skip
+            "experiment, finetune, grpo, hf, hf_assets_path, hydra, kernels, kto, loss, lr_scheduler, metrics, model, "
+            "optimizer, orpo, override, parallelism, preference, profiler, run, simpo, tokenizer, tracking, trainer, "
+            "training, validator")  # fmt: skip
 # CUDA asked for without a GPU: the sentence depends on the torch build (PyPI's Linux wheels from
 # 2.14 on are CUDA builds, which run on CPU; the CPU wheel cannot use a GPU at all)
 NO_CUDA = (
@@ -363,7 +365,8 @@ ANSWERS = [
      "Config error: Wrong type for 'optimizer.weight_decay': expected float, got str 'abc'."),
     (["launch.py", "training.steps=ten"], 2, "Config error: Wrong type for 'training.steps': expected int, got str 'ten'."),
     (["launch.py", "trainig.steps=3"], 2,
-     f"Config error: Unknown config key 'trainig'. Did you mean 'training' or 'tracking'? Valid keys here: {TOPLEVEL}."),
+     f"Config error: Unknown config key 'trainig'. Did you mean 'training' or 'tracking' or 'trainer'? "
+     f"Valid keys here: {TOPLEVEL}."),
     (["launch.py", "checkpointing=[from_hf,exporthf]"], 2, "Config error: checkpointing=exporthf: no such option. Did "
                                                           "you mean 'export_hf'? The options of checkpointing: export_hf, from_hf, none, periodic."),
     (["launch.py", "data=chats"], 2, "Config error: data=chats: no such option. Did you mean 'chat'? "

@@ -56,7 +56,8 @@ def _packed_pairs(seed: int, pairs: int = 5, seq_len: int = 64):
 
 def _ours(objective, policy, counts, reference=None, desirable=None):
     terms = objective.terms(policy, reference, counts, desirable, lambda tensor: tensor)
-    slots = ((counts[:, 0] > 0) & (counts[:, 1] > 0)).sum().float() if desirable is None else (counts[:, 0] > 0).sum().float()
+    present = (counts[:, 0] > 0) & (counts[:, 1] > 0) if desirable is None else counts[:, 0] > 0  # pairs, KTO's units
+    slots = present.sum().float()
     loss = objective.loss(terms, slots, counts[:, 0].sum())
     means = objective.means(objective.metric_sums(terms))
     return float(loss), means
@@ -93,7 +94,8 @@ def test_the_orpo_loss_and_metrics_are_trls(beta, seed):
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("beta, simpo_gamma, cpo_alpha, seed", [(2.0, 0.5, 0.0, 0), (0.1, 0.5, 1.0, 1), (2.5, 1.4, 0.3, 2)])
+@pytest.mark.parametrize("beta, simpo_gamma, cpo_alpha, seed",
+                         [(2.0, 0.5, 0.0, 0), (0.1, 0.5, 1.0, 1), (2.5, 1.4, 0.3, 2)])  # fmt: skip
 def test_the_simpo_loss_and_metrics_are_trls(beta, simpo_gamma, cpo_alpha, seed):
     from trl.experimental.cpo import CPOTrainer
 
@@ -108,7 +110,8 @@ def test_the_simpo_loss_and_metrics_are_trls(beta, simpo_gamma, cpo_alpha, seed)
     loss, ours = _ours(SimPOObjective(settings), policy, counts)
     assert loss == pytest.approx(float(trl_loss), rel=REL) == pytest.approx(ours["loss"], rel=REL)
     for name, trl_name in (("rewards_chosen", "rewards/chosen"), ("rewards_rejected", "rewards/rejected"),
-                           ("reward_accuracy", "rewards/accuracies"), ("reward_margin", "rewards/margins")):  # fmt: skip
+                           ("reward_accuracy", "rewards/accuracies"),
+                           ("reward_margin", "rewards/margins")):  # fmt: skip
         assert ours[name] == pytest.approx(trl_metrics[trl_name], rel=REL, abs=1e-7), name
     if cpo_alpha:  # TRL computes (and reports) no NLL without its weight
         assert ours["nll_loss"] == pytest.approx(trl_metrics["nll_loss"], rel=REL)
@@ -191,7 +194,8 @@ def test_kto_reads_trls_unpaired_rows_and_pairs_as_one_desirable_and_one_undesir
     unpaired = row_units({"prompt": "Hi?", "completion": "Hello.", "label": False}, KTO_SOURCE)
     assert [(u.prompt, u.completion, u.desirable) for u in unpaired] == [
         ([{"role": "user", "content": "Hi?"}], [{"role": "assistant", "content": "Hello."}], False)]
-    pair = row_units({"prompt": [{"role": "user", "content": "Hi?"}], "chosen": "Hello.", "rejected": "Go."}, KTO_SOURCE)
+    hi = [{"role": "user", "content": "Hi?"}]
+    pair = row_units({"prompt": hi, "chosen": "Hello.", "rejected": "Go."}, KTO_SOURCE)
     assert [(u.completion[0]["content"], u.desirable) for u in pair] == [("Hello.", True), ("Go.", False)]
     assert pair[0].prompt == pair[1].prompt == [{"role": "user", "content": "Hi?"}]
 
@@ -225,7 +229,8 @@ def test_each_kto_unit_is_packed_with_its_prompt_and_the_previous_rows_completio
     documents = [(text(input_dict["input"][a:b].tolist()), labels[a:b], ids[a:b], marks[a:b])
                  for a, b in zip(starts, starts[1:])]  # fmt: skip
     seen = [(doc.split("user\n")[1].split("\n")[0], text(doc_labels.tolist()).split("\n\n")[-1],
-             int(doc_ids.max()), bool(doc_marks.any())) for doc, doc_labels, doc_ids, doc_marks in documents]  # fmt: skip
+             int(doc_ids.max()), bool(doc_marks.any()))
+            for doc, doc_labels, doc_ids, doc_marks in documents]  # fmt: skip
     assert seen == [("Q1?", "A1.", 0, False), ("Q1?", "A0.", 1, False),
                     ("Q0?", "A0.", 2, True), ("Q0?", "A1.", 3, False),
                     ("Q2?", "A2.", 4, True), ("Q2?", "A1.", 5, False),
@@ -246,7 +251,8 @@ def test_orpo_and_simpo_plan_no_reference_and_less_memory_than_dpo(tmp_path, ass
     assert estimates["dpo"].reference_gib == estimates["kto"].reference_gib == estimates["dpo"].parameters_gib > 0
     for trainer in ("orpo", "simpo"):
         assert estimates[trainer].reference_gib == 0
-        assert estimates[trainer].per_rank_gib == pytest.approx(estimates["dpo"].per_rank_gib - estimates["dpo"].reference_gib)
+        dpo = estimates["dpo"]
+        assert estimates[trainer].per_rank_gib == pytest.approx(dpo.per_rank_gib - dpo.reference_gib)
 
 
 
@@ -272,7 +278,8 @@ def test_orpo_and_kto_metrics_reach_the_summary_the_sweep_table_and_the_progress
         write_records(tmp_path / job, [{"step": 1, **step}, {"step": 1, "val_loss": 0.3, **held_out}])
         summaries[trainer] = summarize(tmp_path / job, "completed", 1.0)
         (tmp_path / job / "summary.json").write_text(json.dumps(summaries[trainer]))
-    assert {k: summaries["orpo"][k] for k in ("reward_accuracy", "nll_loss", "log_odds_ratio", "val_log_odds_chosen")} == {
+    shown = ("reward_accuracy", "nll_loss", "log_odds_ratio", "val_log_odds_chosen")
+    assert {k: summaries["orpo"][k] for k in shown} == {
         "reward_accuracy": 1.0, "nll_loss": 5.88, "log_odds_ratio": -0.26, "val_log_odds_chosen": 0.59}
     assert "kl" not in summaries["orpo"]
     assert {k: summaries["kto"][k] for k in ("reward_accuracy", "reward_margin", "kl", "val_kl")} == {

@@ -150,8 +150,8 @@ def _check_source(
         if source.label_field not in present and not {source.chosen_field, source.rejected_field} & present:
             raise ConfigError(
                 f"{key}.label_field={source.label_field} is not a column of {source.name()}, nor are "
-                f"{key}.chosen_field={source.chosen_field} and {key}.rejected_field={source.rejected_field}: trainer=kto "
-                f"reads unpaired rows (prompt, completion, label) or pairs; its columns: {columns}"
+                f"{key}.chosen_field={source.chosen_field} and {key}.rejected_field={source.rejected_field}: "
+                f"trainer=kto reads unpaired rows (prompt, completion, label) or pairs; its columns: {columns}"
             )
     elif source.format == "preference":
         for field_key in ("chosen_field", "rejected_field"):
@@ -323,7 +323,8 @@ def _check_pair(renderer: ChatRenderer, pair, seq_len: int, key: str) -> None:
     """Both sequences of a pair share one sample, each starting with the prompt: a prompt that
     takes half of seq_len leaves a response no token."""
     (chosen, trained), _ = pair_tokens(renderer, pair)
-    _check_prompt_room(chosen, trained, seq_len, key, "a pair (the chosen and the rejected response, each after the prompt)")
+    _check_prompt_room(chosen, trained, seq_len, key,
+                       "a pair (the chosen and the rejected response, each after the prompt)")  # fmt: skip
 
 
 def _check_prompt_room(tokens: list[int], trained: list[bool], seq_len: int, key: str, what: str) -> None:

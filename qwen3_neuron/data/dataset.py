@@ -162,8 +162,8 @@ class PackedDataset(IterableDataset, Stateful):
         except ChatFormatError as e:
             fate, why, documents = "skipped", str(e), None
         else:
-            documents, fate, why = pair_fate(documents, self.seq_len, self.source.overlong,
-                                             "the unit (its completion, and the KL estimate's mismatched one) is")  # fmt: skip
+            what = "the unit (its completion, and the KL estimate's mismatched one) is"
+            documents, fate, why = pair_fate(documents, self.seq_len, self.source.overlong, what)
         if fate and fate not in fates:
             fates.add(fate)
             self._count(fate, where, why)

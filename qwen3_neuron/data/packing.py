@@ -78,7 +78,8 @@ class Packer:
         """Add one document; return the samples it completed."""
         return self._place((inputs, labels, list(range(len(inputs)))))
 
-    def add_together(self, documents: list[tuple[list[int], list[int]]], marks: list[int] | None = None) -> list[Sample]:
+    def add_together(self, documents: list[tuple[list[int], list[int]]], marks: list[int] | None = None
+                     ) -> list[Sample]:  # fmt: skip
         """Add documents that must land in one sample (a preference pair), each with its own
         positions, and one mark per document for its tokens when given; return the samples completed."""
         inputs = [token for doc_inputs, _ in documents for token in doc_inputs]
@@ -136,7 +137,8 @@ class Packer:
         width = max((len(piece) for piece in chosen), default=3)
         return self._padded(*([token for piece in chosen for token in piece[i]] for i in range(width)))
 
-    def _padded(self, inputs: list[int], labels: list[int], positions: list[int], marks: list[int] | None = None) -> Sample:
+    def _padded(self, inputs: list[int], labels: list[int], positions: list[int], marks: list[int] | None = None
+                ) -> Sample:  # fmt: skip
         pad = self.seq_len - len(inputs)
         # the padding is a document of its own: real tokens never attend to it
         sample = (inputs + [self.pad_id] * pad, labels + [IGNORE_INDEX] * pad, positions + list(range(pad)), pad)
@@ -156,7 +158,8 @@ class Packer:
     def state_dict(self) -> dict:
         # copies: the lists grow in place after the state is taken (waiting pieces never change)
         return {"waiting": list(self.waiting), "inputs": list(self.inputs), "labels": list(self.labels),
-                "positions": list(self.positions), "marks": None if self.marks is None else list(self.marks)}  # fmt: skip
+                "positions": list(self.positions),
+                "marks": None if self.marks is None else list(self.marks)}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.waiting = [tuple(piece) for piece in state["waiting"]]

@@ -76,7 +76,8 @@ def format_sample(index: int, inputs: list[int], labels: list[int], positions: l
         ids = {s for s in (sequences or [])[start:end] if s >= 0}
         role = f", pair {min(ids) // 2 + 1} {('chosen', 'rejected')[min(ids) % 2]}" if ids else ""
         if ids and desirable is not None:
-            kind = "KL estimate's mismatched" if min(ids) % 2 else ("desirable" if any(desirable[start:end]) else "undesirable")
+            kind = ("KL estimate's mismatched" if min(ids) % 2 else
+                    "desirable" if any(desirable[start:end]) else "undesirable")  # fmt: skip
             role = f", unit {min(ids) // 2 + 1} {kind} completion"
         lines.append(f"──── document {documents}{role} (tokens {start}-{end - 1}) ────")
         lines.append(format_document(doc_inputs, doc_labels, tokenizer))

@@ -109,10 +109,11 @@ class SourceFields:
     """packing=best_fit: how many documents wait to be placed; each rank holds that many (in its
     checkpoints too). 64 packs bench/packing.py's long-tailed chat set as well as 256 does."""
 
-    max_dropped: float | None = 0.1
+    max_dropped: float | None = None
     """The largest share of a rank's rows that may go untrained (dropped as too long for
     training.seq_len, or skipped as unreadable) before the run stops with the first of them
-    named; null: never stop. Above 1 % the end-of-run lines warn either way."""
+    named; null: never stop. Above 1 % the end-of-run lines warn either way. A launch's value is
+    conf/config.yaml's (0.1), written there once; a source built in code has no limit unless given one."""
 
     val_fraction: float = 0.0
     """0 < f < 1: carve every (1/f)-th row of the training source(s) out for validation,

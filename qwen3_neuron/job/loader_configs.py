@@ -102,7 +102,8 @@ def _refuse_unused(data: DataSettings) -> None:
     """data=tiny / c4 read torchtitan's registered sets: a data.* key set for files would be ignored."""
     default = DataSettings(kind=data.kind)
     for f in dataclasses.fields(DataSettings):
-        if f.name != "kind" and getattr(data, f.name) != getattr(default, f.name):
+        # max_dropped: conf/config.yaml sets it for every data option (data=tiny's too, unread)
+        if f.name not in ("kind", "max_dropped") and getattr(data, f.name) != getattr(default, f.name):
             raise ConfigError(
                 f"data.{f.name} applies to data=text|chat|mix|preference|prompts; data={data.kind} reads torchtitan's "
                 f"registered data set (the dataloader section). E.g. data=text data.{f.name}=..."

@@ -224,8 +224,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             lines[-1] += (f" (validation: accuracy {summary['val_reward_accuracy']:.2f}, "
                           f"margin {summary['val_reward_margin']:.3f})")  # fmt: skip
     elif summary.get("kl") is not None:  # trainer=kto: no accuracy (its completions are not paired)
-        margin = summary.get("reward_margin")
-        lines.append(f"preference: kl {summary['kl']:.4f}" + (f", reward margin {margin:.3f}" if margin is not None else ""))
+        margin = summary.get("reward_margin")  # a step with both kinds of completion
+        said = f"preference: kl {summary['kl']:.4f}"
+        lines.append(said if margin is None else f"{said}, reward margin {margin:.3f}")
     if summary.get("reward") is not None:  # data=prompts
         lines.append(f"grpo: reward {summary['first_reward']:.4f} -> {summary['reward']:.4f}; completions "
                      f"{summary['completion_mean_length']:.1f} tokens on average, "

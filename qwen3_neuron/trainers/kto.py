@@ -39,7 +39,7 @@ class KTOTerms:
     kl: torch.Tensor  # the batch's estimate, a scalar
 
 
-def kl_estimate(policy: torch.Tensor, reference: torch.Tensor, counts: torch.Tensor, dp_sum=lambda t: t) -> torch.Tensor:
+def kl_estimate(policy: torch.Tensor, reference: torch.Tensor, counts: torch.Tensor, dp_sum) -> torch.Tensor:
     """z: the mean log-ratio of the mismatched completions (column 1) over the batch, across the
     ranks (`dp_sum`), at least 0, without gradient."""
     present = (counts[:, 1] > 0).to(policy.dtype)
@@ -48,7 +48,8 @@ def kl_estimate(policy: torch.Tensor, reference: torch.Tensor, counts: torch.Ten
 
 
 def kto_terms(policy: torch.Tensor, reference: torch.Tensor, counts: torch.Tensor, desirable: torch.Tensor, *,
-              beta: float, desirable_weight: float, undesirable_weight: float, kl: torch.Tensor) -> KTOTerms:  # fmt: skip
+              beta: float, desirable_weight: float, undesirable_weight: float,
+              kl: torch.Tensor) -> KTOTerms:  # fmt: skip
     """Per unit slot, from sequence log-probability sums [N, 2] (the completion, the mismatched one)."""
     logratios = policy[:, 0] - reference[:, 0]
     chosen = desirable_weight * (1 - torch.sigmoid(beta * (logratios - kl)))
@@ -64,12 +65,14 @@ class KTOObjective(PreferenceObjective):
     metric_names = KTO_METRIC_NAMES
 
     def __init__(self, kto):
-        self.beta, self.desirable_weight, self.undesirable_weight = kto.beta, kto.desirable_weight, kto.undesirable_weight
+        self.beta, self.desirable_weight, self.undesirable_weight = (kto.beta, kto.desirable_weight,
+                                                                     kto.undesirable_weight)  # fmt: skip
 
     def terms(self, policy, reference, counts, desirable, dp_sum) -> KTOTerms:
         kl = kl_estimate(policy, reference, counts, dp_sum)
         return kto_terms(policy, reference, counts, desirable, beta=self.beta, kl=kl,
-                         desirable_weight=self.desirable_weight, undesirable_weight=self.undesirable_weight)  # fmt: skip
+                         desirable_weight=self.desirable_weight,
+                         undesirable_weight=self.undesirable_weight)  # fmt: skip
 
     def loss(self, terms: KTOTerms, slots, chosen_tokens) -> torch.Tensor:
         return terms.losses.sum() / slots.clamp(min=1.0)
