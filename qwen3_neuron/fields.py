@@ -52,6 +52,22 @@ def apply_fields(node: Any, values: Mapping[str, Any], path: str, hint: Any = An
         raise ConfigError(f"{path or 'config'}: {e}") from e
 
 
+def build_fields(cls: type, values: Mapping[str, Any], path: str) -> Any:
+    """A flat config dataclass whose every field comes from ``values`` (a section whose defaults
+    are written in its option's YAML only, the dataclass holding none): each key checked as
+    `apply_fields` checks it, and every field given."""
+    names = _field_names(cls)
+    for key in values:
+        if key not in names:
+            raise ConfigError(unknown_key_message(f"{path}.{key}", key, names))
+    missing = sorted(names - set(values))
+    if missing:
+        raise ConfigError(f"{path}.{missing[0]} is not set: the YAML that fills the {path} section names every key "
+                          f"of it ({', '.join(sorted(names))}).")  # fmt: skip
+    hints = _type_hints(cls)
+    return cls(**{key: check_type(value, hints.get(key, Any), f"{path}.{key}") for key, value in values.items()})
+
+
 def key_tree(node: Any) -> dict[str, Any]:
     """The keys `apply_fields` takes on the dataclass `node`: {name: the tree of the config it
     holds, or the value's type as `hint_text` writes it}, descending where `apply_fields` does."""

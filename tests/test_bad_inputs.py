@@ -22,6 +22,7 @@ FULL_AC = "torchtitan.distributed.activation_checkpoint.FullAC.Config"
 BAD_DATA = SESSION_CACHE / "bad-data"
 CHAT = ["data=chat", "data.val_files=null"]
 DPO = ["experiment=cpu_qwen3_tiny_dpo", "data.val_files=null"]
+PREFERENCE = ["experiment=cpu_qwen3_tiny_preference", "data.val_files=null"]  # any trainer=
 GRPO = ["experiment=cpu_qwen3_tiny_grpo"]
 
 # (overrides, texts the error must contain)
@@ -172,7 +173,20 @@ PLAN_TIME = [
     ([*DPO, "preference.label_smoothing=0.1"], ["preference.label_smoothing applies to preference.loss=robust"]),
     ([*DPO, "preference.sft_weight=-1"], ["preference.sft_weight must be >= 0"]),
     ([*DPO, "preference.loss=robust", "preference.label_smoothing=0.5"], ["preference.label_smoothing=0.5", "0 <= p < 0.5"]),
-    (["data=chat", "preference.beta=0.2"], ["preference.beta applies to trainer=dpo (this is trainer=sft)"]),
+    (["data=chat", "preference.beta=0.2"], ["preference.beta is a setting of trainer=dpo, and this run trains with "
+                                            "trainer=sft: choose trainer=dpo or leave preference.* out."]),
+    ([*DPO, "trainer=orpo"],
+     ["preference.sft_weight is a setting of trainer=dpo, and this run trains with trainer=orpo"]),
+    (["data=chat", "trainer=kto"], ["trainer=kto trains on data=preference rows, not on data=chat's (which train with "
+                                    "trainer=sft): use data=preference for trainer=kto, or leave trainer out."]),
+    ([*PREFERENCE, "trainer=orpo", "orpo.beta=0"], ["orpo.beta must be > 0 (TRL's default 0.1), got 0.0."]),
+    ([*PREFERENCE, "trainer=simpo", "simpo.cpo_alpha=-1"], ["simpo.cpo_alpha must be >= 0"]),
+    ([*PREFERENCE, "trainer=kto", "data.files={bad}/unlabelled.jsonl"],
+     ["data.label_field=label is not a column of {bad}/unlabelled.jsonl, nor are data.chosen_field=chosen and "
+      "data.rejected_field=rejected: trainer=kto reads unpaired rows (prompt, completion, label) or pairs; its "
+      "columns: completion, prompt"]),
+    ([*PREFERENCE, "trainer=kto", "kto.gamma=1"],
+     ["Unknown config key 'kto.gamma'. Valid keys here: beta, desirable_weight, undesirable_weight."]),
     (["data=mix", "data.sources=[{files:'{bad}/pairs.jsonl',format:preference}]"], ["format=preference", "use data=preference"]),
     ([*GRPO, "grpo.num_generations=1"], ["grpo.num_generations=1: a group needs at least 2 completions"]),
     ([*GRPO, "training.local_batch_size=6"], ["a rank's batch of 6 completions", "whole groups of grpo.num_generations=4"]),
@@ -194,8 +208,7 @@ PLAN_TIME = [
     ([*GRPO, "data.files={bad}/dict_prompts.jsonl"],
      ["line 1: data.prompt_field=prompt: the prompt is one message, not a list of them; a prompt is a list of "
       'messages ([{"role": "user", "content": "..."}]) or a string']),
-    (["data=chat", "grpo.beta=0.1"], ["grpo.beta applies to trainer=grpo (this is trainer=sft)"]),
-    (["data=chat", "trainer=grpo"], ["trainer=grpo trains on data=prompts rows, and data=chat feeds trainer=sft"]),
+    (["data=chat", "grpo.beta=0.1"], ["grpo.beta is a setting of trainer=grpo, and this run trains with trainer=sft"]),
 ]  # fmt: skip
 
 
@@ -242,6 +255,7 @@ def bad_data(assets):
         "no_rejected.jsonl": [pair, {**pair, "rejected": None}],
         "same_responses.jsonl": [{**pair, "rejected": pair["chosen"]}],
         "long_prompt.jsonl": [{**pair, "prompt": [turn("user", "why " * 40)]}],
+        "unlabelled.jsonl": [{"prompt": "hi", "completion": "hello"}] * 3,
     })  # fmt: skip
     for name, lines in rows.items():
         (BAD_DATA / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -340,8 +354,9 @@ def test_a_launch_refused_by_the_plan_leaves_no_run_dir_when_its_workers_are_sto
 # Every mistake answered in one sentence, from the launcher, the workers and the commands alike:
 # (command, exit code, the console's exact first line on stderr). "{x}" fills in below.
 TOPLEVEL = ("activation_checkpoint, checkpoint, checkpointing, comm, compile, data, dataloader, debug, device, eval, "
-            "experiment, finetune, grpo, hf, hf_assets_path, hydra, kernels, loss, lr_scheduler, metrics, model, optimizer, "
-            "override, parallelism, preference, profiler, run, tokenizer, tracking, trainer, training, validator")  # fmt: skip
+            "experiment, finetune, grpo, hf, hf_assets_path, hydra, kernels, kto, loss, lr_scheduler, metrics, model, "
+            "optimizer, orpo, override, parallelism, preference, profiler, run, simpo, tokenizer, tracking, trainer, "
+            "training, validator")  # fmt: skip
 # CUDA asked for without a GPU: the sentence depends on the torch build (PyPI's Linux wheels from
 # 2.14 on are CUDA builds, which run on CPU; the CPU wheel cannot use a GPU at all)
 NO_CUDA = (
@@ -356,7 +371,8 @@ ANSWERS = [
      "Config error: Wrong type for 'optimizer.weight_decay': expected float, got str 'abc'."),
     (["launch.py", "training.steps=ten"], 2, "Config error: Wrong type for 'training.steps': expected int, got str 'ten'."),
     (["launch.py", "trainig.steps=3"], 2,
-     f"Config error: Unknown config key 'trainig'. Did you mean 'training' or 'tracking' or 'trainer'? Valid keys here: {TOPLEVEL}."),
+     f"Config error: Unknown config key 'trainig'. Did you mean 'training' or 'tracking' or 'trainer'? "
+     f"Valid keys here: {TOPLEVEL}."),
     (["launch.py", "checkpointing=[from_hf,exporthf]"], 2, "Config error: checkpointing=exporthf: no such option. Did "
                                                           "you mean 'export_hf'? The options of checkpointing: export_hf, from_hf, none, periodic."),
     (["launch.py", "data=chats"], 2, "Config error: data=chats: no such option. Did you mean 'chat'? "

@@ -8,12 +8,14 @@ import pytest
 from qwen3_neuron.launch.hydra_setup import command_line_mistake
 
 SECTIONS = ("activation_checkpoint, checkpoint, checkpointing, comm, compile, data, dataloader, debug, device, eval, "
-            "experiment, finetune, grpo, hf, hf_assets_path, hydra, kernels, loss, lr_scheduler, metrics, model, optimizer, "
-            "override, parallelism, preference, profiler, run, tokenizer, tracking, training, validator")  # fmt: skip
+            "experiment, finetune, grpo, hf, hf_assets_path, hydra, kernels, kto, loss, lr_scheduler, metrics, model, "
+            "optimizer, orpo, override, parallelism, preference, profiler, run, simpo, tokenizer, tracking, trainer, "
+            "training, validator")  # fmt: skip
 
 
 @pytest.mark.parametrize("args, message", [
-    (["trainig.steps=3"], f"Unknown config key 'trainig'. Did you mean 'training' or 'tracking'? Valid keys here: {SECTIONS}."),
+    (["trainig.steps=3"], f"Unknown config key 'trainig'. Did you mean 'training' or 'tracking' or 'trainer'? "
+                          f"Valid keys here: {SECTIONS}."),
     (["checkpointing=[from_hf,exporthf]"], "checkpointing=exporthf: no such option. Did you mean 'export_hf'? "
                                            "The options of checkpointing: export_hf, from_hf, none, periodic."),
     (["-m", "data=chat,chats"], "data=chats: no such option. Did you mean 'chat'? "

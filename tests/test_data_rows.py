@@ -100,7 +100,7 @@ def test_each_row_dropped_or_truncated_is_named_with_why(tmp_path, tokenizer):
 def test_data_max_dropped_stops_the_run_naming_the_first_row(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CONVERSATION}, LONG_PROMPT] * 3)
     with pytest.raises(DataError) as error:
-        list(PackedDataset(chat(path), tokenizer, seq_len=100, infinite=False))
+        list(PackedDataset(chat(path, max_dropped=0.1), tokenizer, seq_len=100, infinite=False))
     assert str(error.value) == (
         f"{path}: 3 of the 6 rows rank 0 read are not trained (50.0 %, more than data.max_dropped=0.1); the first: "
         f"{path} line 2: the prompt alone is 132 tokens (before its first assistant token), training.seq_len 100: cut "
@@ -287,7 +287,7 @@ def test_malformed_json_past_the_first_rows_counts_against_data_max_dropped(tmp_
     path = tmp_path / "chats.jsonl"
     path.write_text("\n".join([good] * 4 + [good[:30]] * 4) + "\n")
     with pytest.raises(DataError) as error:
-        list(PackedDataset(chat(path), tokenizer, seq_len=512, infinite=False))
+        list(PackedDataset(chat(path, max_dropped=0.1), tokenizer, seq_len=512, infinite=False))
     assert str(error.value) == (
         f"{path}: 4 of the 8 rows rank 0 read are not trained (50.0 %, more than data.max_dropped=0.1); the first: "
         f"{path} line 5: not JSON (Unterminated string starting at column 24): {good[:30]!r}. Fix or leave out "

@@ -1,6 +1,7 @@
 """The docs are a map that cannot drift from conf/: every option of every config group (conf/'s
 folders, Hydra's own under conf/hydra/ too) is named as `group=option` and every experiment as
-`experiment=name` in README.md or docs/*.md, so a new option fails here until it is documented;
+`experiment=name` in README.md or docs/*.md, and every key a trainer's YAML fills as `section.key`
+(`orpo.beta`), so a new option fails here until it is documented;
 every relative link of those pages resolves to a file (and an anchor to a heading of it); every
 docs/ page is linked from the README; the run dirs the pages' commands write into stay out of git.
 The pages' commands are planned by tests/test_readme.py."""
@@ -35,6 +36,23 @@ def test_every_conf_option_and_experiment_is_named_in_the_docs(choice):
     # as written on a command line: `data=prompts`, not `mydata=prompts` or `data=prompts_v2`
     assert re.search(rf"(?<![\w./]){re.escape(choice)}(?![\w])", text), (
         f"{choice} (conf/{choice.replace('=', '/')}.yaml) is named nowhere in README.md or docs/*.md: document it"
+    )
+
+
+def trainer_options() -> list[str]:
+    """`section.key` for each key a trainer's YAML (conf/trainer/<name>.yaml) fills, read from the files."""
+    from omegaconf import OmegaConf
+
+    sections = [OmegaConf.load(path) for path in (CONF / "trainer").glob("*.yaml")]
+    return sorted(f"{name}.{key}" for section in sections for name, values in section.items() if name != "trainer"
+                  for key in values)  # fmt: skip
+
+
+@pytest.mark.parametrize("option", trainer_options())
+def test_every_trainer_option_is_named_in_the_docs(option):
+    text = "\n".join(page.read_text() for page in PAGES)
+    assert re.search(rf"(?<![\w.]){re.escape(option)}(?![\w])", text), (
+        f"{option} (conf/trainer/) is named nowhere in README.md or docs/*.md: document it"
     )
 
 

@@ -27,9 +27,9 @@ from qwen3_neuron.trainers.dpo import (
     mean_metrics,
     pair_metrics,
     pair_terms,
-    sequence_sums,
     step_loss,
 )
+from qwen3_neuron.trainers.preference import sequence_sums
 from qwen3_neuron.models.logprobs import token_logps
 
 

@@ -20,10 +20,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from qwen3_neuron.data.prompts import PROMPT, ROW
 from qwen3_neuron.trainers.grpo import ADVANTAGES, OLD_LOGPS, GRPOStep
 from qwen3_neuron.job.settings import GRPOSettings
+from qwen3_neuron.launch.hydra_setup import CONF_DIR
 
 END, PAD, VOCAB, SEQ_LEN, MAX_COMPLETION = 9, 0, 16, 8, 4
 # after a prompt's last token, a coin between two tokens; then the table: 2 and 7 end the turn,
@@ -111,8 +113,11 @@ def install(trainer, grpo: GRPOSettings, seed: int, lora: bool) -> GRPOStep:
 
 
 def _settings(**changes) -> GRPOSettings:
-    return GRPOSettings(rewards=[f"{__name__}.first_is_answer", f"{__name__}.shortness"], reward_weights=WEIGHTS,
-                        num_generations=4, max_completion_length=MAX_COMPLETION, **changes)  # fmt: skip
+    """trainer=grpo's section as its YAML writes it (conf/trainer/grpo.yaml), with these rewards and sizes."""
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "trainer" / "grpo.yaml"))["grpo"]
+    return GRPOSettings(**{**defaults, "rewards": [f"{__name__}.first_is_answer", f"{__name__}.shortness"],
+                           "reward_weights": WEIGHTS, "num_generations": 4, "max_completion_length": MAX_COMPLETION,
+                           **changes})  # fmt: skip
 
 
 def _by_hand(prompt_names: list[str], completions: list[list[int]]) -> dict:

@@ -24,7 +24,7 @@ from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conve
 from qwen3_neuron.data.dataset import carved, document_fate, pair_fate, untrained_advice
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.data.packing import Packer, document
-from qwen3_neuron.data.preference import pair_tokens, row_pair
+from qwen3_neuron.data.preference import pair_tokens, row_pair, row_units, unit_tokens
 from qwen3_neuron.data.prompts import prompt_field, prompt_tokens
 from qwen3_neuron.data.row_loading import RowError, first_rows, is_validation_row
 from qwen3_neuron.data.source import DataSource
@@ -145,12 +145,20 @@ def _check_source(
 
         _check_sides(source, key, sides, text_fate, seq_len, warn, taken)
         return
-    instruction = () if source.format == "preference" else ("prompt_field", "response_field")  # preference: prompt optional
+    pairs = source.format in ("preference", "kto")
+    instruction = () if pairs else ("prompt_field", "response_field")  # preference: prompt optional
     for field_key in instruction:
         name = getattr(source, field_key)
         if name and name not in present:
             raise ConfigError(f"{key}.{field_key}={name} is not a column of {source.name()}; its columns: {columns}")
-    if source.format == "preference":
+    if source.format == "kto":
+        if source.label_field not in present and not {source.chosen_field, source.rejected_field} & present:
+            raise ConfigError(
+                f"{key}.label_field={source.label_field} is not a column of {source.name()}, nor are "
+                f"{key}.chosen_field={source.chosen_field} and {key}.rejected_field={source.rejected_field}: "
+                f"trainer=kto reads unpaired rows (prompt, completion, label) or pairs; its columns: {columns}"
+            )
+    elif source.format == "preference":
         for field_key in ("chosen_field", "rejected_field"):
             name = getattr(source, field_key)
             if name not in present:
@@ -171,6 +179,17 @@ def _check_source(
             pair = row_pair(row, source)
             _check_pair(renderer, pair, seq_len, key)
             return pair_fate([document(*tokens) for tokens in pair_tokens(renderer, pair)], seq_len, source.overlong)
+    elif source.format == "kto":
+        def fate(row):  # each unit with its own completion where its KL estimate's mismatched one will be
+            fates = []
+            for unit in row_units(row, source):
+                tokens, trained = unit_tokens(renderer, unit, unit.completion)
+                _check_prompt_room(tokens, trained, seq_len, key, "a KTO unit (the completion, and the mismatched "
+                                   "one of its KL estimate, each after the prompt)")  # fmt: skip
+                fates.append(pair_fate([document(tokens, trained)] * 2, seq_len, source.overlong))
+            fitted = [docs for docs, _, _ in fates if docs] or None  # what the packer gets of the row: its units
+            _, what, why = next((f for f in fates if f[1]), fates[0])
+            return fitted, what, why
     else:
         def fate(row):
             return document_fate(*renderer.tokens(row_conversation(row, source)), seq_len, source.overlong)
@@ -272,6 +291,8 @@ def _say_passes(source: DataSource, read: int, whole: bool, kept: list, seq_len:
         flow = source.format == "text" and source.overlong == "split"
         packer = Packer(seq_len, 0, "flow" if flow else source.packing, source.pack_buffer)
         add = packer.add_together if source.format == "preference" else lambda doc: packer.add(*doc)
+        if source.format == "kto":
+            add = lambda units: [sample for docs in units for sample in packer.add_together(docs)]  # noqa: E731
         samples = sum(len(add(doc)) for doc in kept)
         samples += len(packer.flush())
     if not samples:
@@ -329,12 +350,17 @@ def _check_pair(renderer: ChatRenderer, pair, seq_len: int, key: str) -> None:
     """Both sequences of a pair share one sample, each starting with the prompt: a prompt that
     takes half of seq_len leaves a response no token."""
     (chosen, trained), _ = pair_tokens(renderer, pair)
-    prompt = trained.index(True) if True in trained else len(chosen)
+    _check_prompt_room(chosen, trained, seq_len, key,
+                       "a pair (the chosen and the rejected response, each after the prompt)")  # fmt: skip
+
+
+def _check_prompt_room(tokens: list[int], trained: list[bool], seq_len: int, key: str, what: str) -> None:
+    prompt = trained.index(True) if True in trained else len(tokens)
     if 2 * prompt >= seq_len:
         raise ChatFormatError(
-            f"its prompt is {prompt} tokens, and a pair (the chosen and the rejected response, each after "
-            f"the prompt) shares one training.seq_len={seq_len} sample: raise training.seq_len above "
-            f"{2 * prompt} or leave such rows out ({key}.overlong=drop does not help a prompt that long)"
+            f"its prompt is {prompt} tokens, and {what} shares one training.seq_len={seq_len} sample: raise "
+            f"training.seq_len above {2 * prompt} or leave such rows out ({key}.overlong=drop does not help a "
+            "prompt that long)"
         )
 
 

@@ -35,8 +35,8 @@ from torchtitan.tools.logging import logger
 
 from qwen3_neuron.data import row_loading
 from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conversation
-from qwen3_neuron.data.packing import SEQUENCE_IDS, Packer, Sample, document, fit, fit_pair, sequence_ids
-from qwen3_neuron.data.preference import pair_tokens, row_pair
+from qwen3_neuron.data.packing import DESIRABLE, SEQUENCE_IDS, Packer, Sample, document, fit, fit_pair, sequence_ids
+from qwen3_neuron.data.preference import Unit, pair_tokens, row_pair, row_units, unit_tokens
 from qwen3_neuron.data.prompts import PROMPT, ROW, prompt_tokens, row_columns
 from qwen3_neuron.data.row_loading import RowError, read_row
 from qwen3_neuron.data.source import DataSource
@@ -73,7 +73,12 @@ class PackedDataset(IterableDataset, Stateful):
         self._tokenizer = tokenizer
         chat = source.format != "text"
         self._chat = ChatRenderer(tokenizer, source.train_on_prompt, source.thinking) if chat else None
-        self._pairs = source.format == "preference"  # a pair's two documents go into one sample
+        self._pairs = source.format in ("preference", "kto")  # a pair's (a KTO unit's) two documents: one sample
+        self._kto = source.format == "kto"
+        # trainer=kto: the completions the next row's KL documents take (the last row's), and the
+        # rank's first row's units, which wait for the second row's
+        self._previous_completions: list[list[dict]] | None = None
+        self._held: list[tuple[Unit, str]] | None = None
         self._prompts = source.format == "prompts"  # one prompt a sample, generated from by the GRPO step
         pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         flow = source.format == "text" and source.overlong == "split"
@@ -124,6 +129,49 @@ class PackedDataset(IterableDataset, Stateful):
             return None
         self.stats["documents"] += 2
         return documents
+
+    def _units(self, example: dict[str, Any]) -> list[Sample]:
+        """trainer=kto: the samples completed by placing the row's units (one, or a pair's two),
+        each its completion's document and, with the same prompt, the previous row's completion
+        (TRL's rotation: every completion is another prompt's mismatched one once; the rank's first
+        row waits for the second's)."""
+        row, where = self._read(example)
+        if row is None:
+            return []
+        try:
+            units = row_units(row, self.source)
+        except ChatFormatError as e:
+            self._count("skipped", where, str(e))
+            return []
+        completions = [unit.completion for unit in units]
+        if self._previous_completions is None:
+            self._held, self._previous_completions = [(unit, where) for unit in units], completions
+            return []
+        placed, fates, previous = [], set(), self._previous_completions
+        for i, unit in enumerate(units):
+            placed += self._place_unit(unit, previous[i % len(previous)], where, fates)
+        for i, (unit, held_where) in enumerate(self._held or []):
+            placed += self._place_unit(unit, completions[i % len(completions)], held_where, set())
+        self._held, self._previous_completions = None, completions
+        return placed
+
+    def _place_unit(self, unit: Unit, kl_completion: list[dict], where: str, fates: set[str]) -> list[Sample]:
+        """One KTO unit's two documents, fitted together; each fate counted once per row (`fates`)."""
+        try:
+            documents = [document(*unit_tokens(self._chat, unit, completion))
+                         for completion in (unit.completion, kl_completion)]  # fmt: skip
+        except ChatFormatError as e:
+            fate, why, documents = "skipped", str(e), None
+        else:
+            what = "the unit (its completion, and the KL estimate's mismatched one) is"
+            documents, fate, why = pair_fate(documents, self.seq_len, self.source.overlong, what)
+        if fate and fate not in fates:
+            fates.add(fate)
+            self._count(fate, where, why)
+        if documents is None:
+            return []
+        self.stats["documents"] += 2
+        return self._packer.add_together(documents, marks=[int(unit.desirable), 0])
 
     def _prompt(self, example: dict[str, Any]) -> list:
         """data=prompts: one sample, the prompt's tokens padded to seq_len (its length beside them)
@@ -212,6 +260,8 @@ class PackedDataset(IterableDataset, Stateful):
                 rows_this_epoch += 1
                 if self._prompts:
                     self._ready += self._prompt(example)
+                elif self._kto:
+                    self._ready += self._units(example)
                 elif self._pairs:
                     pair = self._pair(example)
                     self._ready += self._packer.add_together(pair) if pair else []
@@ -229,6 +279,9 @@ class PackedDataset(IterableDataset, Stateful):
                     f"became a document (counts: {self.stats}); raise training.seq_len or see data.overlong"
                 )
             if not self.infinite:
+                held, self._held = self._held or [], None  # the rank read one row: its units' completions rotated
+                for i, (unit, where) in enumerate(held):
+                    self._ready += self._place_unit(unit, held[(i + 1) % len(held)][0].completion, where, set())
                 self._ready += self._packer.flush()
                 yield from self._hand_out()
                 logger.info(f"[qwen3-neuron data] {self.source.name()}: out of data on rank {self.rank}")  # as planned
@@ -242,7 +295,7 @@ class PackedDataset(IterableDataset, Stateful):
 
     def _hand_out(self):
         while self._ready:
-            inputs, labels, positions, padding = self._ready.pop(0)
+            inputs, labels, positions, padding, *marks = self._ready.pop(0)
             if self._prompts:  # (prompt length, the row's columns) where positions go
                 (length, columns), positions = positions, None
             self.stats["tokens"] += len(inputs)
@@ -256,12 +309,14 @@ class PackedDataset(IterableDataset, Stateful):
                           "positions": torch.tensor(positions, dtype=torch.long)}  # fmt: skip
             if self._pairs:
                 input_dict[SEQUENCE_IDS] = torch.tensor(sequence_ids(labels, positions), dtype=torch.long)
+            if marks:
+                input_dict[DESIRABLE] = torch.tensor(marks[0], dtype=torch.long)
             yield input_dict, torch.tensor(labels, dtype=torch.long)
 
     def data_stats(self) -> dict[str, int]:
         """`stats`, and the documents read but not yet (or not wholly) in a sample handed out."""
         ready = len(self._ready) if self._prompts else sum(
-            positions.count(0) - (padding > 0) for _, _, positions, padding in self._ready)
+            sample[2].count(0) - (sample[3] > 0) for sample in self._ready)  # positions, padding
         examples = {stat: list(rows) for stat, rows in self.examples.items() if rows}
         return {**self.stats, "buffered_documents": self._packer.waiting_documents() + ready, "examples": examples}
 
@@ -288,6 +343,8 @@ class PackedDataset(IterableDataset, Stateful):
             "stats": dict(self.stats),
             "examples": {stat: list(rows) for stat, rows in self.examples.items()},
         }
+        if self._kto:
+            state["kto"] = {"previous_completions": self._previous_completions, "held": self._held}
         state["sample_idx"] = self._sample_idx  # map-style: where to go on; streamed: the rows of the pass so far
         if not isinstance(self._data, datasets.Dataset):
             state["data"] = self._data.state_dict()
@@ -304,6 +361,8 @@ class PackedDataset(IterableDataset, Stateful):
         self.stats.update(state["stats"])
         self.examples.update({stat: list(rows) for stat, rows in state.get("examples", {}).items()})
         self._sample_idx = state.get("sample_idx", 0)
+        if self._kto:
+            self._previous_completions, self._held = state["kto"]["previous_completions"], state["kto"]["held"]
         if isinstance(self._data, datasets.Dataset):
             if self._epoch > 0:
                 self._data = self._original_data.shuffle(seed=42 + self._epoch)
@@ -347,17 +406,17 @@ def document_fate(
 
 
 def pair_fate(
-    documents: list[tuple[list[int], list[int]]], seq_len: int, overlong: str
+    documents: list[tuple[list[int], list[int]]], seq_len: int, overlong: str, what: str = "the pair is"
 ) -> tuple[list[tuple[list[int], list[int]]] | None, str | None, str]:
-    """A preference pair's two documents as training takes them, fitted into one sample (None:
-    dropped), what happened to them and why."""
+    """A preference pair's two documents (or a KTO unit's: `what` names them) as training takes
+    them, fitted into one sample (None: dropped), what happened to them and why."""
     length = sum(len(inputs) for inputs, _ in documents)
     if length <= seq_len:
         return documents, None, ""
     if overlong == "drop":
-        return None, "dropped", f"the pair is {length} tokens, training.seq_len {seq_len} (data.overlong=drop)"
+        return None, "dropped", f"{what} {length} tokens, training.seq_len {seq_len} (data.overlong=drop)"
     fitted = fit_pair(documents, seq_len)
     if fitted is None:
-        return None, "dropped", (f"the pair is {length} tokens, and cut to share one training.seq_len {seq_len} "
+        return None, "dropped", (f"{what} {length} tokens, and cut to share one training.seq_len {seq_len} "
                                  "sample a response keeps no token to train")  # fmt: skip
-    return fitted, "truncated", f"the pair is {length} tokens, both cut to share one training.seq_len {seq_len} sample"
+    return fitted, "truncated", f"{what} {length} tokens, both cut to share one training.seq_len {seq_len} sample"

@@ -25,7 +25,9 @@ as torchtitan's text data set does, a document continued there starting again at
 no sample is padded but the very last.
 
 The packer places pieces: a piece is one document, or several (their positions each restarting
-at 0) that must land in one sample; best fit places a piece by its whole length.
+at 0) that must land in one sample; best fit places a piece by its whole length. A piece may carry
+per-token marks (trainer=kto: which labels are a desirable completion's), placed with its tokens:
+its samples then carry them too, 0 on every other token.
 
 A document longer than `seq_len` is handled before it gets here (`fit`).
 """
@@ -37,9 +39,10 @@ from dataclasses import dataclass, field
 
 from torchtitan.components.loss import IGNORE_INDEX
 
-# (inputs, labels, positions, padding): one seq_len sample and how many of its tokens are padding
-Sample = tuple[list[int], list[int], list[int], int]
-Piece = tuple[list[int], list[int], list[int]]  # (inputs, labels, positions) placed together
+# (inputs, labels, positions, padding[, marks]): one seq_len sample, how many of its tokens are padding,
+# and its pieces' marks when they carry any
+Sample = tuple
+Piece = tuple[list[int], ...]  # (inputs, labels, positions[, marks]) placed together
 
 
 def document(tokens: list[int], trained: list[bool]) -> tuple[list[int], list[int]]:
@@ -69,18 +72,22 @@ class Packer:
     inputs: list[int] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
+    marks: list[int] | None = None  # when the pieces carry marks
 
     def add(self, inputs: list[int], labels: list[int]) -> list[Sample]:
         """Add one document; return the samples it completed."""
         return self._place((inputs, labels, list(range(len(inputs)))))
 
-    def add_together(self, documents: list[tuple[list[int], list[int]]]) -> list[Sample]:
+    def add_together(self, documents: list[tuple[list[int], list[int]]], marks: list[int] | None = None
+                     ) -> list[Sample]:  # fmt: skip
         """Add documents that must land in one sample (a preference pair), each with its own
-        positions; return the samples completed."""
+        positions, and one mark per document for its tokens when given; return the samples completed."""
         inputs = [token for doc_inputs, _ in documents for token in doc_inputs]
         labels = [label for _, doc_labels in documents for label in doc_labels]
         positions = [p for doc_inputs, _ in documents for p in range(len(doc_inputs))]
-        return self._place((inputs, labels, positions))
+        if marks is None:
+            return self._place((inputs, labels, positions))
+        return self._place((inputs, labels, positions, [m for (doc, _), m in zip(documents, marks) for _ in doc]))
 
     def flush(self) -> list[Sample]:
         """Every sample still to make of what is buffered (end of the data), padded."""
@@ -89,13 +96,14 @@ class Packer:
             done.append(self._best_fit())
         if not self.inputs:
             return done
-        done.append(self._padded(self.inputs, self.labels, self.positions))
+        done.append(self._padded(*self._filling()))
         self.inputs, self.labels, self.positions = [], [], []
+        self.marks = [] if self.marks is not None else None
         return done
 
     def waiting_documents(self) -> int:
         """Documents read but not yet (or not wholly) in a sample."""
-        return sum(positions.count(0) for _, _, positions in self.waiting) + self.positions.count(0)
+        return sum(piece[2].count(0) for piece in self.waiting) + self.positions.count(0)  # positions
 
     def _place(self, piece: Piece) -> list[Sample]:
         if self.packing == "best_fit":
@@ -108,6 +116,9 @@ class Packer:
         self.inputs += piece[0]
         self.labels += piece[1]
         self.positions += piece[2]
+        if len(piece) > 3:
+            self.marks = self.marks if self.marks is not None else []
+            self.marks += piece[3]
         while len(self.inputs) >= self.seq_len:
             done.append(self._take(self.seq_len))
         return done
@@ -123,16 +134,23 @@ class Packer:
             else:
                 left.append(piece)
         self.waiting = left
-        inputs, labels, positions = ([token for piece in chosen for token in piece[i]] for i in range(3))
-        return self._padded(inputs, labels, positions)
+        width = max((len(piece) for piece in chosen), default=3)
+        return self._padded(*([token for piece in chosen for token in piece[i]] for i in range(width)))
 
-    def _padded(self, inputs: list[int], labels: list[int], positions: list[int]) -> Sample:
+    def _padded(self, inputs: list[int], labels: list[int], positions: list[int], marks: list[int] | None = None
+                ) -> Sample:  # fmt: skip
         pad = self.seq_len - len(inputs)
         # the padding is a document of its own: real tokens never attend to it
-        return inputs + [self.pad_id] * pad, labels + [IGNORE_INDEX] * pad, positions + list(range(pad)), pad
+        sample = (inputs + [self.pad_id] * pad, labels + [IGNORE_INDEX] * pad, positions + list(range(pad)), pad)
+        return sample if marks is None else (*sample, marks + [0] * pad)
+
+    def _filling(self) -> Piece:
+        return (self.inputs, self.labels, self.positions) + ((self.marks,) if self.marks is not None else ())
 
     def _take(self, n: int) -> Sample:
         sample = (self.inputs[:n], self.labels[:n], _restart(self.positions[:n]), 0)
+        if self.marks is not None:
+            sample, self.marks = (*sample, self.marks[:n]), self.marks[n:]
         self.inputs, self.labels = self.inputs[n:], self.labels[n:]
         self.positions = _restart(self.positions[n:])
         return sample
@@ -140,11 +158,13 @@ class Packer:
     def state_dict(self) -> dict:
         # copies: the lists grow in place after the state is taken (waiting pieces never change)
         return {"waiting": list(self.waiting), "inputs": list(self.inputs), "labels": list(self.labels),
-                "positions": list(self.positions)}  # fmt: skip
+                "positions": list(self.positions),
+                "marks": None if self.marks is None else list(self.marks)}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.waiting = [tuple(piece) for piece in state["waiting"]]
         self.inputs, self.labels, self.positions = list(state["inputs"]), list(state["labels"]), list(state["positions"])
+        self.marks = None if state.get("marks") is None else list(state["marks"])
 
 
 def fit_pair(documents: list[tuple[list[int], list[int]]], seq_len: int) -> list[tuple[list[int], list[int]]] | None:
@@ -160,6 +180,7 @@ def fit_pair(documents: list[tuple[list[int], list[int]]], seq_len: int) -> list
 
 
 SEQUENCE_IDS = "sequence_ids"  # the input_dict key carrying each label's sequence id (data=preference)
+DESIRABLE = "desirable"  # trainer=kto: the input_dict key marking the labels of desirable completions (1)
 
 
 def sequence_ids(labels: list[int], positions: list[int]) -> list[int]:

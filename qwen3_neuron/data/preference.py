@@ -11,6 +11,11 @@ The column names are `data.prompt_field`, `data.chosen_field`, `data.rejected_fi
 Both conversations are rendered with the tokenizer's own chat template and masked as data=chat
 masks them (`ChatRenderer`), but only the response is trained: its assistant turns, each with its
 end-of-turn marker, never the assistant turns of the prompt.
+
+trainer=kto reads units instead (`row_units`): TRL's unpaired rows, `prompt`, `completion` and a
+boolean `label` (true: desirable; `data.completion_field`, `data.label_field`), and pairs too, each
+one desirable unit (the chosen response) and one undesirable (the rejected one), as TRL's
+`unpair_preference_dataset` splits them.
 """
 
 from __future__ import annotations
@@ -61,6 +66,53 @@ def row_pair(row: Mapping[str, Any], source) -> Pair:
         check_messages(messages)
         conversations.append(Conversation(messages, row_tools(row, source.tools_field)))
     return Pair(*conversations, prompt_length=len(prompt_messages))
+
+
+@dataclass
+class Unit:
+    """trainer=kto: one prompt, one completion and whether it is desirable."""
+
+    prompt: list[dict[str, Any]]
+    completion: list[dict[str, Any]]
+    tools: list[Any] | None
+    desirable: bool
+
+
+def row_units(row: Mapping[str, Any], source) -> list[Unit]:
+    """The KTO units of `row`: one of an unpaired row (its label column there), two of a pair."""
+    label_field, completion_field = source.label_field, source.completion_field
+    if label_field not in row:
+        if row.get(source.chosen_field) in (None, "", []) and row.get(source.rejected_field) in (None, "", []):
+            raise ChatFormatError(f"data.label_field={label_field}: the row has no label (true: desirable, false: "
+                                  f"undesirable), and no {source.chosen_field} / {source.rejected_field} pair to "
+                                  f"read instead (its columns: {', '.join(sorted(row))})")  # fmt: skip
+        pair = row_pair(row, source)
+        prompt = pair.chosen.messages[: pair.prompt_length]
+        return [Unit(prompt, side.messages[pair.prompt_length :], side.tools, desirable)
+                for side, desirable in ((pair.chosen, True), (pair.rejected, False))]  # fmt: skip
+    label = row[label_field]
+    if not isinstance(label, bool):
+        raise ChatFormatError(f"data.label_field={label_field}: the label is {label!r:.40}, not true (desirable) or "
+                              "false (undesirable)")  # fmt: skip
+    prompt, completion = row.get(source.prompt_field or "prompt"), row.get(completion_field)
+    if prompt in (None, "", []):
+        raise ChatFormatError(f"data.prompt_field={source.prompt_field}: the row has no prompt (its columns: "
+                              f"{', '.join(sorted(row))})")  # fmt: skip
+    if completion in (None, "", []):
+        raise ChatFormatError(f"data.completion_field={completion_field}: the row has no completion (its columns: "
+                              f"{', '.join(sorted(row))})")  # fmt: skip
+    prompt = _messages(prompt, "user", f"data.prompt_field={source.prompt_field}", source)
+    completion = _messages(completion, "assistant", f"data.completion_field={completion_field}", source)
+    if not any(m["role"] == "assistant" for m in completion):
+        raise ChatFormatError("the completion has no assistant turn")
+    check_messages([*prompt, *completion])
+    return [Unit(prompt, completion, row_tools(row, source.tools_field), label)]
+
+
+def unit_tokens(renderer: ChatRenderer, unit: Unit, completion: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
+    """(tokens, trained) of the unit's prompt followed by `completion` (its own, or the mismatched
+    one of KTO's KL estimate): the completion trained."""
+    return renderer.tokens(Conversation([*unit.prompt, *completion], unit.tools), trained_from=len(unit.prompt))
 
 
 def pair_tokens(renderer: ChatRenderer, pair: Pair) -> tuple[tuple[list[int], list[bool]], tuple[list[int], list[bool]]]:

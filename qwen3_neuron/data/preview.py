@@ -18,7 +18,7 @@ import dataclasses
 from torchtitan.components.loss import IGNORE_INDEX
 
 from qwen3_neuron.data.loader import PackedDataLoader
-from qwen3_neuron.data.packing import SEQUENCE_IDS
+from qwen3_neuron.data.packing import DESIRABLE, SEQUENCE_IDS
 from qwen3_neuron.data.prompts import PROMPT
 
 NO_LOSS_OPEN, NO_LOSS_CLOSE = "⟦", "⟧"
@@ -42,7 +42,8 @@ def show_samples(config, count: int, dp_world_size: int) -> str:
             length = int(input_dict[PROMPT][0])
             positions = [*range(length), *range(len(inputs) - length)]
         sequences = input_dict[SEQUENCE_IDS][0].tolist() if SEQUENCE_IDS in input_dict else None
-        blocks.append(format_sample(index, inputs, labels[0].tolist(), positions, tokenizer, sequences))
+        desirable = input_dict[DESIRABLE][0].tolist() if DESIRABLE in input_dict else None
+        blocks.append(format_sample(index, inputs, labels[0].tolist(), positions, tokenizer, sequences, desirable))
     if len(blocks) < count:
         blocks.append(f"=== rank 0's rows end after {len(blocks)} sample(s) ===")
     openings = [line for line in map(_openings, getattr(loader, "packed_datasets", [])) if line][:1]
@@ -61,8 +62,9 @@ def _openings(dataset) -> str:
 
 
 def format_sample(index: int, inputs: list[int], labels: list[int], positions: list[int], tokenizer,
-                  sequences: list[int] | None = None) -> str:  # fmt: skip
-    """`sequences`: data=preference's sequence id per label (2k: pair k's chosen, 2k + 1: its rejected)."""
+                  sequences: list[int] | None = None, desirable: list[int] | None = None) -> str:  # fmt: skip
+    """`sequences`: data=preference's sequence id per label (2k: pair k's chosen, 2k + 1: its rejected;
+    trainer=kto, with `desirable`'s marks: unit k's completion, and the mismatched one of its KL estimate)."""
     starts = [i for i, p in enumerate(positions) if p == 0] or [0]
     bounds = list(zip(starts, [*starts[1:], len(inputs)]))
     with_loss = sum(label != IGNORE_INDEX for label in labels)
@@ -77,6 +79,10 @@ def format_sample(index: int, inputs: list[int], labels: list[int], positions: l
         documents += 1
         ids = {s for s in (sequences or [])[start:end] if s >= 0}
         role = f", pair {min(ids) // 2 + 1} {('chosen', 'rejected')[min(ids) % 2]}" if ids else ""
+        if ids and desirable is not None:
+            kind = ("KL estimate's mismatched" if min(ids) % 2 else
+                    "desirable" if any(desirable[start:end]) else "undesirable")  # fmt: skip
+            role = f", unit {min(ids) // 2 + 1} {kind} completion"
         lines.append(f"──── document {documents}{role} (tokens {start}-{end - 1}) ────")
         lines.append(format_document(doc_inputs, doc_labels, tokenizer))
     header = (f"=== sample {index + 1} of rank 0: {documents} document(s), {with_loss} of {len(inputs)} "

@@ -70,6 +70,14 @@ class SourceFields:
     rejected_field: str = "rejected"
     """data=preference: the dispreferred response, in the same form as the chosen one."""
 
+    completion_field: str = "completion"
+    """data=preference with trainer=kto, unpaired rows: the completion (a string, or a list of
+    assistant messages) that `label_field` judges."""
+
+    label_field: str = "label"
+    """data=preference with trainer=kto: the column marking an unpaired row's completion desirable
+    (true) or undesirable (false); a row without it is read as a pair (one of each)."""
+
     response_field: str | None = None
     """data=chat with instruction rows: the response column (the assistant turn)."""
 
@@ -101,10 +109,11 @@ class SourceFields:
     """packing=best_fit: how many documents wait to be placed; each rank holds that many (in its
     checkpoints too). 64 packs bench/packing.py's long-tailed chat set as well as 256 does."""
 
-    max_dropped: float | None = 0.1
+    max_dropped: float | None = None
     """The largest share of a rank's rows that may go untrained (dropped as too long for
     training.seq_len, or skipped as unreadable) before the run stops with the first of them
-    named; null: never stop. Above 1 % the end-of-run lines warn either way."""
+    named; null: never stop. Above 1 % the end-of-run lines warn either way. A launch's value is
+    conf/config.yaml's (0.1), written there once; a source built in code has no limit unless given one."""
 
     val_fraction: float = 0.0
     """0 < f < 1: carve every (1/f)-th row of the training source(s) out for validation,
@@ -115,9 +124,11 @@ class SourceFields:
 class DataSource(SourceFields):
     """One source of rows (data=text|chat: the `data` section; data=mix: one of `data.sources`)."""
 
-    format: Literal["text", "chat", "preference", "prompts"] = "text"
+    format: Literal["text", "chat", "preference", "kto", "prompts"] = "text"
     """How a row becomes a document: a text column, a conversation, or a pair of them (a chosen
-    and a rejected response to one prompt: two documents placed in one sample)."""
+    and a rejected response to one prompt: two documents placed in one sample); kto: data=preference
+    as trainer=kto reads it, units of a prompt and a labelled completion, each placed with the same
+    prompt and another unit's completion (its KL estimate's); prompts: a prompt to generate from."""
 
     weight: float = 1.0
     """data=mix: this source's share of the samples, against the other sources' weights."""

@@ -24,12 +24,13 @@ DATA_CACHE_DIR = "data_cache"  # in the run dir: datasets' Arrow cache of local 
 SOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(SourceFields))  # the defaults of each source
 
 
-def apply_data(config: Trainer.Config, data: DataSettings, run_dir: Path) -> None:
-    """Set `config.dataloader` (and the validator's) from the data section, for packed kinds."""
+def apply_data(config: Trainer.Config, data: DataSettings, run_dir: Path, trainer: str | None = None) -> None:
+    """Set `config.dataloader` (and the validator's) from the data section, for packed kinds, as
+    `trainer` reads them (trainer=kto: data=preference's rows as KTO's units)."""
     if data.kind not in PACKED_KINDS:
         _refuse_unused(data)
         return
-    train_sources = training_sources(data)
+    train_sources = training_sources(data, trainer)
     cache_dir = str(Path(run_dir) / DATA_CACHE_DIR)
     common = {"streaming": data.streaming, "cache_dir": cache_dir}
     config.dataloader = PackedDataLoader.Config(sources=train_sources, role="train", **common)
@@ -39,7 +40,7 @@ def apply_data(config: Trainer.Config, data: DataSettings, run_dir: Path) -> Non
         config.validator.dataloader = PackedDataLoader.Config(sources=validation, role="validation", **common)
 
 
-def training_sources(data: DataSettings) -> list[DataSource]:
+def training_sources(data: DataSettings, trainer: str | None = None) -> list[DataSource]:
     if not 0 <= data.val_fraction < 1:
         raise ConfigError(f"data.val_fraction={data.val_fraction}: a fraction of the rows, 0 <= f < 1")
     if data.val_fraction and data.val_files:
@@ -48,7 +49,8 @@ def training_sources(data: DataSettings) -> list[DataSource]:
     if data.kind != "mix":
         if data.sources:
             raise ConfigError(f"data.sources is for data=mix; data={data.kind} reads data.files or data.hf_dataset")
-        source = _checked_source(DataSource(format=data.kind, **defaults), "data")
+        row_format = "kto" if trainer == "kto" else data.kind
+        source = _checked_source(DataSource(format=row_format, **defaults), "data")
         return [_checked_packing(source, data.packing != DataSettings.packing, "data")]
     if not data.sources:
         raise ConfigError("data=mix needs data.sources: a list of {files or hf_dataset, weight, format}")
@@ -79,8 +81,8 @@ def _checked_source(source: DataSource, key: str) -> DataSource:
     if source.format != "text" and source.overlong == "split":
         raise ConfigError(f"{key}.overlong=split is for text; a conversation cut in two loses its context. "
                           "Use truncate or drop")  # fmt: skip
-    if source.format == "preference" and key != "data":
-        raise ConfigError(f"{key}.format=preference: preference pairs train with their own objective; "
+    if source.format in ("preference", "kto") and key != "data":
+        raise ConfigError(f"{key}.format={source.format}: preference rows train with their own objective; "
                           "use data=preference, not a source of data=mix")  # fmt: skip
     return source
 
@@ -100,7 +102,8 @@ def _refuse_unused(data: DataSettings) -> None:
     """data=tiny / c4 read torchtitan's registered sets: a data.* key set for files would be ignored."""
     default = DataSettings(kind=data.kind)
     for f in dataclasses.fields(DataSettings):
-        if f.name != "kind" and getattr(data, f.name) != getattr(default, f.name):
+        # max_dropped: conf/config.yaml sets it for every data option (data=tiny's too, unread)
+        if f.name not in ("kind", "max_dropped") and getattr(data, f.name) != getattr(default, f.name):
             raise ConfigError(
                 f"data.{f.name} applies to data={'|'.join(PACKED_KINDS)}; data={data.kind} reads torchtitan's "
                 f"registered data set (the dataloader section). E.g. data=text data.{f.name}=..."

@@ -42,6 +42,7 @@ from qwen3_neuron.job.checks import layout
 from qwen3_neuron.job.checks.memory import GrpoMemory, MemoryEstimate, check_fit, estimate_memory, meta_model
 from qwen3_neuron.job.checks.static_shapes import check_static_shapes
 from qwen3_neuron.job.trainer_config import build_trainer_config
+from qwen3_neuron.trainers import KEEPS_REFERENCE
 
 # Counts torchtitan takes as given; zero or negative would fail late or loop forever.
 MUST_BE_POSITIVE = ("training.steps", "training.local_batch_size", "training.seq_len", "metrics.log_freq")
@@ -115,10 +116,12 @@ def make_plan(
     if settings.finetune.method == "lora":
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
     parameters = parameter_counts(model_on_meta)
-    # DPO's reference, and GRPO's KL reference with beta > 0: finetune=full keeps the starting weights
-    reference = settings.data.kind == "preference" or (settings.data.kind == "prompts" and settings.grpo.beta > 0)
+    # DPO's and KTO's reference, and GRPO's KL reference with beta > 0: finetune=full keeps the starting
+    # weights; ORPO and SimPO hold none
+    trainer = settings.trainer.name
+    reference = trainer in KEEPS_REFERENCE or (trainer == "grpo" and settings.grpo.beta > 0)
     frozen_reference = reference and settings.finetune.method == "full"
-    logprobs = settings.data.kind in ("preference", "prompts")  # DPO's and GRPO's loss
+    logprobs = settings.data.kind in ("preference", "prompts")  # the preference trainers' and GRPO's loss
     grpo = None
     if settings.data.kind == "prompts":
         kept = int(settings.grpo.num_iterations > 1) + int(settings.grpo.beta > 0)
@@ -222,12 +225,15 @@ def _loads_starting_weights(checkpoint) -> bool:
 
 
 def _check_preference(config: Trainer.Config, settings: Settings, world_size: int) -> None:
-    """data=preference: DPO tunes a model that already answers, against that model as it started."""
+    """data=preference: the preference trainers tune a model that already answers (DPO and KTO
+    against that model as it started)."""
     if not _loads_starting_weights(config.checkpoint):
+        trainer = settings.trainer.name
+        tunes = ("tunes a model against itself as it starts (the DPO reference)" if trainer in KEEPS_REFERENCE
+                 else f"with trainer={trainer} tunes a model that already answers")  # fmt: skip
         raise ConfigError(
-            "data=preference tunes a model against itself as it starts (the DPO reference), but nothing "
-            "loads weights: it would start from a random init. Add checkpointing=from_hf (e.g. "
-            "checkpointing=[from_hf,export_hf]) or checkpoint.initial_load_path=<dir>."
+            f"data=preference {tunes}, but nothing loads weights: it would start from a random init. Add "
+            "checkpointing=from_hf (e.g. checkpointing=[from_hf,export_hf]) or checkpoint.initial_load_path=<dir>."
         )
     degrees = layout.resolve_degrees(config.parallelism, world_size)
     split = {"pipeline": degrees.pp, "tensor": degrees.tp, "context": degrees.cp}

@@ -20,7 +20,7 @@ from qwen3_neuron.data.source import SourceFields
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.eval.eval_section import EvalSettings
 from qwen3_neuron.eval.objective import check_objective
-from qwen3_neuron.fields import apply_fields
+from qwen3_neuron.fields import apply_fields, build_fields
 from qwen3_neuron.finetune.names import HF_PROJECTIONS
 from qwen3_neuron.trainers import TRAINERS, default_trainer
 
@@ -233,29 +233,71 @@ class TrainerSettings:
     """sft | dpo | grpo; each data kind picks its own (conf/data/*.yaml); null: the data kind's."""
 
 
+# The sections a `trainer` option fills (conf/trainer/<name>.yaml): each default is written there
+# once, beside what it means; the dataclasses declare the keys, their types and docstrings, and no
+# default. A section is built only when its trainer is chosen (None otherwise).
+
+
 @dataclass(kw_only=True)
 class PreferenceSettings:
-    """data=preference: the DPO objective (Rafailov et al. 2023), with TRL's names and formulas."""
+    """trainer=dpo: the DPO objective (Rafailov et al. 2023), with TRL's names and formulas."""
 
-    beta: float = 0.1
+    beta: float
     """How far the policy may move from the reference: rewards are beta x the log-ratio of a
     response's probability under the policy and under the reference (IPO: its tau)."""
 
-    loss: Literal["sigmoid", "ipo", "robust"] = "sigmoid"
+    loss: Literal["sigmoid", "ipo", "robust"]
     """sigmoid: DPO's -log sigmoid(beta x margin); ipo: (margin per token - 1/(2 beta))^2
     (Azar et al. 2023, TRL's length-normalised form); robust: sigmoid corrected for labels
     flipped with probability `label_smoothing` (Chowdhury et al. 2024)."""
 
-    label_smoothing: float = 0.0
+    label_smoothing: float
     """loss=robust: the probability that a pair's preference is flipped, 0 <= p < 0.5."""
 
-    sft_weight: float = 0.0
+    sft_weight: float
     """The weight of an SFT term added to the DPO loss: the policy's NLL per token of the chosen
     responses (TRL's `loss_type=[loss, "sft"], loss_weights=[1, sft_weight]`). 0: pure DPO."""
 
-    precompute_reference: bool = False
+    precompute_reference: bool
     """finetune=full: the reference's log-probabilities of every pair computed in one pass before
     training, instead of a frozen copy of the weights in memory. Not built yet: refused."""
+
+
+@dataclass(kw_only=True)
+class ORPOSettings:
+    """trainer=orpo: ORPO (Hong et al. 2024), TRL's `experimental.orpo` names and formulas; no reference."""
+
+    beta: float
+    """The weight of the odds-ratio term beside the chosen responses' NLL (TRL's `beta`, the paper's lambda)."""
+
+
+@dataclass(kw_only=True)
+class SimPOSettings:
+    """trainer=simpo: SimPO (Meng et al. 2024), TRL's CPO trainer with `loss_type="simpo"`; no reference."""
+
+    beta: float
+    """The scale of the length-normalised margin: rewards are beta x a response's mean token log-probability."""
+
+    simpo_gamma: float
+    """The target reward margin: the loss is -log sigmoid(beta x margin - simpo_gamma)."""
+
+    cpo_alpha: float
+    """The weight of CPO's behaviour-cloning term, the chosen responses' NLL per token (0: pure SimPO)."""
+
+
+@dataclass(kw_only=True)
+class KTOSettings:
+    """trainer=kto: KTO (Ethayarajh et al. 2024), TRL's `KTOTrainer` names and formulas."""
+
+    beta: float
+    """How far the policy may move from the reference: rewards are beta x the log-ratio of a
+    completion's probability under the policy and under the reference."""
+
+    desirable_weight: float
+    """The weight of a desirable completion's loss (to balance unequal numbers of the two kinds)."""
+
+    undesirable_weight: float
+    """The weight of an undesirable completion's loss."""
 
 
 @dataclass(kw_only=True)
@@ -356,41 +398,41 @@ def check_model_logged(tracking: TrackingSettings, composed: Mapping[str, Any]) 
 class GRPOSettings:
     """data=prompts: GRPO with verifiable rewards (Shao et al. 2024), with TRL 1.16's names and formulas."""
 
-    rewards: list[str] = field(default_factory=list)
+    rewards: list[str]
     """module.function reward functions, called as TRL calls them (qwen3_neuron.rewards has general ones)."""
 
-    reward_weights: list[float] | None = None
+    reward_weights: list[float] | None
     """One weight per reward (the total is their weighted sum); null: 1 each."""
 
-    num_generations: int = 8
+    num_generations: int
     """Completions sampled per prompt: one group, whose rewards are compared with each other."""
 
-    max_completion_length: int = 256
+    max_completion_length: int
     """Tokens a completion may take; a prompt must leave that many in training.seq_len."""
 
-    temperature: float = 1.0
+    temperature: float
     """Sampling temperature of the generation."""
 
-    top_p: float = 1.0
+    top_p: float
     """Nucleus sampling: the smallest set of tokens holding this probability."""
 
-    loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
+    loss_type: Literal["grpo", "dapo", "dr_grpo"]
     """How token losses become the loss: dapo a mean over the batch's completion tokens (TRL's
     default), grpo a mean per completion then over completions, dr_grpo a sum over a constant."""
 
-    scale_rewards: Literal["group", "batch", "none"] = "group"
+    scale_rewards: Literal["group", "batch", "none"]
     """Advantages are rewards minus their group's mean, divided by the group's std, the batch's, or nothing."""
 
-    epsilon: float = 0.2
+    epsilon: float
     """The clip range of the probability ratio: [1 - epsilon, 1 + epsilon_high]."""
 
-    epsilon_high: float | None = None
+    epsilon_high: float | None
     """The upper clip bound's epsilon (DAPO's clip-higher, e.g. 0.28); null: epsilon."""
 
-    beta: float = 0.0
+    beta: float
     """Weight of the KL to the starting weights (k3 estimator); 0: none, and no reference is kept."""
 
-    num_iterations: int = 1
+    num_iterations: int
     """Training steps per generation batch (the sampling policy's log-probabilities kept for the ratio)."""
 
 
@@ -405,8 +447,11 @@ class Settings:
     finetune: FinetuneSettings
     eval: EvalSettings
     trainer: TrainerSettings
-    preference: PreferenceSettings
-    grpo: GRPOSettings
+    preference: PreferenceSettings | None  # the objectives' sections: their trainer's only (OBJECTIVE_SECTIONS)
+    grpo: GRPOSettings | None
+    orpo: ORPOSettings | None
+    simpo: SimPOSettings | None
+    kto: KTOSettings | None
     tracking: TrackingSettings
 
 
@@ -429,18 +474,38 @@ SECTIONS: dict[str, type] = {
     "trainer": TrainerSettings,
     "preference": PreferenceSettings,
     "grpo": GRPOSettings,
+    "orpo": ORPOSettings,
+    "simpo": SimPOSettings,
+    "kto": KTOSettings,
     "tracking": TrackingSettings,
 }
 
+# trainer -> the section its YAML fills (conf/trainer/<trainer>.yaml), built for that trainer only
+OBJECTIVE_SECTIONS = {"dpo": "preference", "grpo": "grpo", "orpo": "orpo", "simpo": "simpo", "kto": "kto"}
+
 
 def parse_settings(composed: Mapping[str, Any]) -> Settings:
-    """Read the framework sections of the composed config, checking every key and type."""
-    settings = Settings(
-        **{name: apply_fields(cls(), composed.get(name) or {}, name) for name, cls in SECTIONS.items()}
-    )
-    if settings.trainer.name is None:
-        settings.trainer.name = default_trainer(settings.data.kind)
-    return settings
+    """Read the framework sections of the composed config, checking every key and type; an
+    objective's section only when its trainer trains (its YAML holds every key)."""
+    sections = {name: apply_fields(cls(), composed.get(name) or {}, name) for name, cls in SECTIONS.items()
+                if name not in OBJECTIVE_SECTIONS.values()}  # fmt: skip
+    trainer = sections["trainer"]
+    if trainer.name is None:
+        trainer.name = default_trainer(sections["data"].kind)
+    for owner, name in OBJECTIVE_SECTIONS.items():
+        values = composed.get(name) or {}
+        if owner == trainer.name:
+            if not values:  # `trainer.name=X` names the trainer without its option's YAML
+                raise ConfigError(f"trainer.name={owner}: choose the trainer as trainer={owner}, whose YAML "
+                                  f"(conf/trainer/{owner}.yaml) holds the {name} section's values.")  # fmt: skip
+            sections[name] = build_fields(SECTIONS[name], values, name)
+            continue
+        if values:
+            key = next(iter(values))
+            raise ConfigError(f"{name}.{key} is a setting of trainer={owner}, and this run trains with "
+                              f"trainer={trainer.name}: choose trainer={owner} or leave {name}.* out.")  # fmt: skip
+        sections[name] = None
+    return Settings(**sections)
 
 
 def check_settings(settings: Settings, device: str) -> None:
@@ -531,19 +596,25 @@ def _check_trainer(settings: Settings) -> None:
         raise ConfigError(f"trainer={name}: no such trainer. The trainers: {', '.join(TRAINERS)}.")
     kinds = TRAINERS[name][1]
     if data_kind not in kinds:
-        raise ConfigError(f"trainer={name} trains on data={' or data='.join(kinds)} rows, and data={data_kind} "
-                          f"feeds trainer={default_trainer(data_kind)}: choose a data kind that feeds {name}, "
-                          "or leave trainer out.")  # fmt: skip
+        raise ConfigError(f"trainer={name} trains on data={' or data='.join(kinds)} rows, not on data={data_kind}'s "
+                          f"(which train with trainer={default_trainer(data_kind)}): use data={kinds[0]} for "
+                          f"trainer={name}, or leave trainer out.")  # fmt: skip
 
 
 def _check_preference(settings: Settings) -> None:
-    """The DPO numbers, and the preference section only where it is used."""
+    """The numbers of the preference trainers (trainer=dpo|orpo|simpo|kto)."""
+    for name in ("orpo", "simpo", "kto"):
+        section = getattr(settings, name)
+        if section is not None and not section.beta > 0:
+            raise ConfigError(f"{name}.beta must be > 0 (TRL's default 0.1), got {section.beta}.")
+    simpo, kto = settings.simpo, settings.kto
+    if simpo is not None and not simpo.cpo_alpha >= 0:
+        raise ConfigError(f"simpo.cpo_alpha must be >= 0 (0: pure SimPO), got {simpo.cpo_alpha}.")
+    if kto is not None and not (kto.desirable_weight >= 0 and kto.undesirable_weight >= 0):
+        raise ConfigError(f"kto.desirable_weight={kto.desirable_weight} / kto.undesirable_weight="
+                          f"{kto.undesirable_weight}: weights of the two kinds' losses, each >= 0.")  # fmt: skip
     preference = settings.preference
-    if settings.trainer.name != "dpo":
-        default = PreferenceSettings()
-        changed = [name for name in vars(default) if getattr(preference, name) != getattr(default, name)]
-        if changed:
-            raise ConfigError(f"preference.{changed[0]} applies to trainer=dpo (this is trainer={settings.trainer.name}).")
+    if preference is None:
         return
     if not preference.beta > 0:
         raise ConfigError(f"preference.beta must be > 0 (TRL's default 0.1), got {preference.beta}.")
@@ -563,13 +634,9 @@ def _check_preference(settings: Settings) -> None:
 
 
 def _check_grpo(settings: Settings) -> None:
-    """The GRPO numbers, and the grpo section only where it is used."""
+    """The GRPO numbers (trainer=grpo)."""
     grpo = settings.grpo
-    if settings.trainer.name != "grpo":
-        default = GRPOSettings()
-        changed = [name for name in vars(default) if getattr(grpo, name) != getattr(default, name)]
-        if changed:
-            raise ConfigError(f"grpo.{changed[0]} applies to trainer=grpo (this is trainer={settings.trainer.name}).")
+    if grpo is None:
         return
     if grpo.num_generations < 2:
         raise ConfigError(f"grpo.num_generations={grpo.num_generations}: a group needs at least 2 completions "

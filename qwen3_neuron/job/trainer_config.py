@@ -41,7 +41,7 @@ def build_trainer_config(job: Job, run_dir: Path) -> Trainer.Config:
     settings, model_dir, device, composed = job.settings, job.model_dir, job.device, job.composed
     config = base_config(settings.model.module, settings.model.config_fn)
     config.model_spec = _model_spec(settings, model_dir)
-    apply_data(config, settings.data, run_dir)  # a packed data kind: before the YAML sections refine it
+    apply_data(config, settings.data, run_dir, settings.trainer.name)  # before the YAML sections refine it
     for section, values in composed.items():
         if section in SECTIONS:
             continue

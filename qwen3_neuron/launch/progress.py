@@ -134,6 +134,9 @@ class Progress:
                 parts.append(f"{figure} {value:.4f} (step {step})")
         if last.get("reward_accuracy") is not None:  # data=preference
             parts.append(f"acc {last['reward_accuracy']:.2f}  margin {last['reward_margin']:.3f}")
+        elif "units" in last:  # trainer=kto: its KL estimate, and the margin when the step had both kinds
+            margin = last.get("reward_margin")
+            parts.append(f"kl {last['kl']:.4f}" + (f"  margin {margin:.3f}" if margin is not None else ""))
         if last.get("tokens_per_second") is not None:
             parts.append(f"tok/s {last['tokens_per_second']:,.0f}")
         if last.get("mfu") is not None and not grpo:

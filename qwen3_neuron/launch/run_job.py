@@ -482,7 +482,7 @@ def _print_plan(plan: Plan, launch: WorkerLaunch, compile_cache: str | None, run
     say(f"device: {plan.device}, world size {plan.world_size}" + (f" ({layout})" if layout else ""))
     validation = f", validated every {config.validator.freq} steps" if config.validator.enable else ""
     say(f"training: {training.steps} steps of {training.local_batch_size} x {training.seq_len} tokens per rank, "
-        f"data={settings.data.kind}{validation}")  # fmt: skip
+        f"data={settings.data.kind}, trainer={settings.trainer.name}{validation}")  # fmt: skip
     for line in summarize_replacements(plan.replacements):
         say(f"override: {line}")
     for line in (compile_cache, plan.static_shapes):

@@ -123,6 +123,8 @@ def what_ran(run_dir: Path) -> dict[str, Any]:
 
 
 PREFERENCE_FIELDS = ("reward_accuracy", "reward_margin", "rewards_chosen", "rewards_rejected")
+# the objectives' own, under TRL's names: ORPO's and SimPO's NLL, ORPO's odds ratio, KTO's KL estimate
+OBJECTIVE_FIELDS = ("nll_loss", "log_odds_ratio", "log_odds_chosen", "kl")
 
 
 def _step_memory(record: dict[str, Any]) -> dict[str, Any]:
@@ -135,10 +137,13 @@ def _step_memory(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _preference(last: dict[str, Any], validation: dict[str, Any]) -> dict[str, Any]:
-    if "reward_accuracy" not in last:
+    """The preference trainers' rewards (KTO's too: no accuracy, a reward only of the kinds a step
+    had), and their objective's own figures where it has them."""
+    if "pairs" not in last and "units" not in last:  # not a preference trainer's step (KTO's: units)
         return {}
-    return {**{name: last.get(name) for name in PREFERENCE_FIELDS},
-            **{f"val_{name}": validation.get(f"val_{name}") for name in PREFERENCE_FIELDS}}  # fmt: skip
+    own = [name for name in OBJECTIVE_FIELDS if name in last]
+    return {**{name: last.get(name) for name in (*PREFERENCE_FIELDS, *own)},
+            **{f"val_{name}": validation.get(f"val_{name}") for name in (*PREFERENCE_FIELDS, *own)}}  # fmt: skip
 
 
 NO_SIGNAL = ("every group's completions scored alike, so every advantage was 0 and the reward taught the policy "
@@ -218,6 +223,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         if summary.get("val_reward_accuracy") is not None:
             lines[-1] += (f" (validation: accuracy {summary['val_reward_accuracy']:.2f}, "
                           f"margin {summary['val_reward_margin']:.3f})")  # fmt: skip
+    elif summary.get("kl") is not None:  # trainer=kto: no accuracy (its completions are not paired)
+        margin = summary.get("reward_margin")  # a step with both kinds of completion
+        said = f"preference: kl {summary['kl']:.4f}"
+        lines.append(said if margin is None else f"{said}, reward margin {margin:.3f}")
     if summary.get("reward") is not None:  # data=prompts
         lines.append(f"grpo: reward {summary['first_reward']:.4f} -> {summary['reward']:.4f}; completions "
                      f"{summary['completion_mean_length']:.1f} tokens on average, "

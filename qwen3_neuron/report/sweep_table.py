@@ -6,7 +6,8 @@ writes, into the sweep dir:
 - `summary.csv`: one row per job: the job number, the overrides whose values differ between
   jobs, then `status, steps, first_loss, final_loss, val_loss, tokens_per_second,
   packing_efficiency, mfu, peak_memory_gib, wall_seconds`, data=preference jobs' reward_accuracy,
-  reward_margin and val_reward_accuracy, data=prompts jobs' first_reward, reward and val_reward, an
+  reward_margin and val_reward_accuracy (and nll_loss, log_odds_ratio, kl of the trainers reporting
+  them), data=prompts jobs' first_reward, reward and val_reward, an
   `eval.<task>.<metric>` column per lm-eval score (eval=lm_eval), `error`, exactly as in the job's summary.json, and the job's run dir;
 - `summary.md`: the same table for people (rounded, MFU in %), plus Optuna's best trial when the
   sweep was an Optuna study;
@@ -45,7 +46,8 @@ COLUMNS = (
     "status", "steps", "first_loss", "final_loss", "val_loss", "tokens_per_second",
     "packing_efficiency", "mfu", "peak_memory_gib", "wall_seconds", "error",
 )  # fmt: skip
-PREFERENCE_COLUMNS = ("reward_accuracy", "reward_margin", "val_reward_accuracy")  # data=preference jobs
+# data=preference jobs (ORPO's and SimPO's nll_loss, ORPO's log_odds_ratio, KTO's kl where they ran)
+PREFERENCE_COLUMNS = ("reward_accuracy", "reward_margin", "val_reward_accuracy", "nll_loss", "log_odds_ratio", "kl")
 GRPO_COLUMNS = ("first_reward", "reward", "val_reward")  # data=prompts jobs
 
 

@@ -1,4 +1,4 @@
-"""One trainer per objective, named by the `trainer` config group (`trainer=sft|dpo|grpo`).
+"""One trainer per objective, named by the `trainer` config group (`trainer=sft|dpo|orpo|simpo|kto|grpo`).
 
 Each is a subclass of torchtitan's `Trainer` (torchtitan's own extension pattern, as its Flux
 trainer overrides `forward_backward_step` and `train_step`), built by the workers from the job
@@ -14,9 +14,16 @@ import importlib
 # that a data kind feeds is its default
 TRAINERS = {
     "sft": ("qwen3_neuron.trainers.base:SFTTrainer", ("tiny", "c4", "text", "chat", "mix")),
-    "dpo": ("qwen3_neuron.trainers.preference:DPOTrainer", ("preference",)),
+    "dpo": ("qwen3_neuron.trainers.dpo:DPOTrainer", ("preference",)),
+    "orpo": ("qwen3_neuron.trainers.orpo:ORPOTrainer", ("preference",)),
+    "simpo": ("qwen3_neuron.trainers.simpo:SimPOTrainer", ("preference",)),
+    "kto": ("qwen3_neuron.trainers.kto:KTOTrainer", ("preference",)),
     "grpo": ("qwen3_neuron.trainers.grpo:GRPOTrainer", ("prompts",)),
 }
+
+# The preference trainers that hold the starting model as their reference (finetune=full: a frozen
+# copy of its weights; lora: its adapters off); ORPO and SimPO hold none. GRPO holds one when grpo.beta > 0.
+KEEPS_REFERENCE = ("dpo", "kto")
 
 
 def default_trainer(data_kind: str) -> str:

@@ -1,4 +1,4 @@
-"""The DPO objective (Rafailov et al. 2023) on packed preference samples, in plain torch.
+"""trainer=dpo: the DPO objective (Rafailov et al. 2023) on packed preference samples, and its trainer.
 
 A packed sample holds whole pairs: each pair's chosen and rejected responses are two documents
 of one sample (`data.preference`). The dataset marks every label token with its sequence id
@@ -18,45 +18,25 @@ policy's NLL of the chosen responses, a mean over all their tokens in the batch 
 Pure DPO only moves the chosen-minus-rejected margin, mostly by pushing the rejected reply down;
 the NLL term also pulls the chosen reply up, so the policy generates it.
 
-Shapes stay static (one slot per possible pair of a sample: a pair has at least two tokens), so
-a compiled step sees the same graph every step; slots without a pair are masked out.
+Per pair slot (`trainers.preference.sequence_sums`); slots without a pair are masked out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
+from qwen3_neuron.trainers.preference import (
+    METRIC_NAMES,
+    PairTerms,
+    PreferenceObjective,
+    PreferenceTrainer,
+    mean_metrics,
+    pair_metrics,
+    step_loss,
+)
+
 LOSS_TYPES = ("sigmoid", "ipo", "robust")
-
-
-def sequence_sums(per_token: torch.Tensor, sequence_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per pair slot: (sums [B*P, 2], token counts [B*P, 2]), column 0 chosen, 1 rejected.
-    ceil(S / 2) slots per sample; a slot without a pair has counts 0."""
-    batch, seq_len = sequence_ids.shape
-    slots = seq_len + seq_len % 2  # a pair has at least two tokens: at most S sequences, paired
-    valid = sequence_ids >= 0
-    index = (sequence_ids.clamp(min=0) + slots * torch.arange(batch, device=sequence_ids.device).unsqueeze(1))
-    index = index.masked_fill(~valid, 0).reshape(-1)
-    sums = torch.zeros(batch * slots, dtype=per_token.dtype, device=per_token.device)
-    sums = sums.index_add(0, index, (per_token * valid).reshape(-1))
-    counts = torch.zeros(batch * slots, dtype=per_token.dtype, device=per_token.device)
-    counts = counts.index_add(0, index, valid.reshape(-1).to(per_token.dtype))
-    return sums.reshape(-1, 2), counts.reshape(-1, 2)
-
-
-@dataclass
-class PairTerms:
-    """Per pair slot: the loss and the rewards; `present` marks the slots that hold a pair."""
-
-    losses: torch.Tensor
-    chosen_rewards: torch.Tensor
-    rejected_rewards: torch.Tensor
-    present: torch.Tensor
-    chosen_nll: torch.Tensor  # the policy's -log p of each chosen response (a sum over its tokens)
-    chosen_tokens: torch.Tensor
 
 
 def pair_terms(
@@ -88,37 +68,31 @@ def pair_terms(
                      -policy[:, 0] * present, counts[:, 0] * present)  # fmt: skip
 
 
-def step_loss(terms: PairTerms, pairs: torch.Tensor, chosen_tokens: torch.Tensor, sft_weight: float) -> torch.Tensor:
-    """This batch's share of the loss of a batch of `pairs` pairs with `chosen_tokens` chosen
-    tokens: DPO a mean over the pairs, the SFT term a mean over the chosen tokens (TRL's)."""
-    loss = terms.losses.sum() / pairs.clamp(min=1.0)
-    if sft_weight:
-        loss = loss + sft_weight * terms.chosen_nll.sum() / chosen_tokens.clamp(min=1.0)
-    return loss
+class DPOObjective(PreferenceObjective):
+    """The `preference` section's DPO, for `PreferenceStep`."""
+
+    metric_names = METRIC_NAMES
+
+    def __init__(self, preference):
+        self.beta, self.loss_type, self.label_smoothing = preference.beta, preference.loss, preference.label_smoothing
+        self.sft_weight = preference.sft_weight
+
+    def terms(self, policy, reference, counts, desirable, dp_sum) -> PairTerms:
+        return pair_terms(policy, reference, counts, beta=self.beta, loss_type=self.loss_type,
+                          label_smoothing=self.label_smoothing)  # fmt: skip
+
+    def loss(self, terms, slots, chosen_tokens) -> torch.Tensor:
+        return step_loss(terms, slots, chosen_tokens, self.sft_weight)
+
+    def metric_sums(self, terms) -> torch.Tensor:
+        return pair_metrics(terms)
+
+    def means(self, sums) -> dict[str, float]:
+        return mean_metrics(sums, self.sft_weight)
 
 
-def pair_metrics(terms: PairTerms) -> torch.Tensor:
-    """Sums over the present pairs, to be added across microbatches and ranks before dividing by
-    the pair count: [pairs, loss, chosen reward, rejected reward, accuracy, margin]."""
-    present = terms.present.to(terms.chosen_rewards.dtype)
-    chosen, rejected = terms.chosen_rewards * present, terms.rejected_rewards * present
-    correct = (terms.chosen_rewards > terms.rejected_rewards).to(present.dtype) * present
-    return torch.stack([present.sum(), terms.losses.detach().sum(), chosen.sum(), rejected.sum(),
-                        correct.sum(), (chosen - rejected).sum(), terms.chosen_tokens.sum(),
-                        terms.chosen_nll.detach().sum()])  # fmt: skip
+class DPOTrainer(PreferenceTrainer):
+    """trainer=dpo (data=preference's default): torchtitan's trainer taking DPO steps."""
 
-
-METRIC_NAMES = ("pairs", "loss", "rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin",
-                "chosen_tokens", "chosen_nll")  # fmt: skip
-PAIR_MEANS = METRIC_NAMES[1:6]  # means over the pairs; chosen_nll is one over the chosen tokens
-
-
-def mean_metrics(sums: torch.Tensor, sft_weight: float = 0.0) -> dict[str, float]:
-    """`pair_metrics` sums -> means (the pair count kept): the loss is DPO's mean over the pairs
-    plus `sft_weight` x chosen_nll, the policy's NLL per chosen token."""
-    values = dict(zip(METRIC_NAMES, sums.tolist()))
-    pairs, tokens = values["pairs"], values.pop("chosen_tokens")
-    means = {"pairs": pairs, **{name: values[name] / max(pairs, 1.0) for name in PAIR_MEANS}}
-    means["chosen_nll"] = values["chosen_nll"] / max(tokens, 1.0)
-    means["loss"] += sft_weight * means["chosen_nll"]
-    return means
+    def make_objective(self, settings) -> DPOObjective:
+        return DPOObjective(settings.preference)
