@@ -24,12 +24,15 @@ DATA_CACHE_DIR = "data_cache"  # in the run dir: datasets' Arrow cache of local 
 SOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(SourceFields))  # the defaults of each source
 
 
-def apply_data(config: Trainer.Config, data: DataSettings, run_dir: Path) -> None:
-    """Set `config.dataloader` (and the validator's) from the data section, for packed kinds."""
+def apply_data(config: Trainer.Config, data: DataSettings, run_dir: Path, tools: list[dict] | None = None) -> None:
+    """Set `config.dataloader` (and the validator's) from the data section, for packed kinds;
+    `tools`: data=prompts, the schemas of GRPO's tools, rendered with every prompt."""
     if data.kind not in PACKED_KINDS:
         _refuse_unused(data)
         return
     train_sources = training_sources(data)
+    if tools and data.kind == "prompts":
+        train_sources = [dataclasses.replace(source, tools=tools) for source in train_sources]
     cache_dir = str(Path(run_dir) / DATA_CACHE_DIR)
     common = {"streaming": data.streaming, "cache_dir": cache_dir}
     config.dataloader = PackedDataLoader.Config(sources=train_sources, role="train", **common)
