@@ -70,3 +70,13 @@ class Counter:
 
     def get_reward(self) -> float:
         return float(self.count)
+
+
+def answered(completions, answer) -> list[float]:
+    """A reward without **kwargs: 1 where the last message holds the answer."""
+    return [float(answer_ in c[-1]["content"]) for c, answer_ in zip(completions, answer)]
+
+
+def counted(environments, **kwargs) -> list[float]:
+    """A reward that reads each rollout's environment."""
+    return [float(environment.count) for environment in environments]

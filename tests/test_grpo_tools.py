@@ -274,6 +274,33 @@ def test_tool_tokens_are_out_of_the_loss_the_ratios_the_kl_and_the_token_counts(
     assert step._sums[1] + step._sums[2] > 0 and step._sums[4] > 0  # tokens clipped, a KL: the ratios moved
 
 
+def test_an_environment_per_rollout_answers_its_calls_and_owns_a_reward(assets):
+    """grpo.environment: each rollout's own instance, reset with its row (its text appended to the
+    prompt's last message, which the policy then reads), its methods the tools; the rewards get the
+    instances as `environments`, and its get_reward() is a reward of weight 1 named after the class."""
+    tokenizer, source, settings = _world(assets, tools=(), environment="agentic_tools.Counter")
+    end = tokenizer.tokenizer.token_to_id("<|im_end|>")
+    row = {"prompt": QUESTION, "start": 3}
+    reset = [{"role": "user", "content": QUESTION[0]["content"] + " (the count starts at 3)"}]
+    prompt = prompt_tokens(tokenizer, {"prompt": reset}, source)
+    call = '<tool_call>\n{"name": "increment", "arguments": {"by": 4}}\n</tool_call>'
+    turn = TOOL_TURN.replace("\n5\n", "\n7\n")
+    script = prompt + _encode(tokenizer, call) + [end] + _encode(tokenizer, turn) + _encode(tokenizer, "Seven.") + [end]
+    trainer = _trainer(tokenizer, source, _Scripted([script], end, 2048))
+    step = _install(trainer, settings)
+    REWARD_CALLS.clear()
+    step.train_step(_prompt_batches(tokenizer, source, [row] * 2))
+    for input_dict, _ in step._generation.microbatches:
+        assert all(ids[:len(script)] == script for ids in input_dict["input"].tolist())
+    (record,) = REWARD_CALLS
+    assert record["prompts"] == [reset] * 8 and record["start"] == [3] * 8
+    assert [e.count for e in record["environments"]] == [7] * 8 and len(set(map(id, record["environments"]))) == 8
+    assert record["completions"][0][1] == {"role": "tool", "name": "increment", "content": "7"}
+    metrics = step.step_metrics()
+    assert (metrics["grpo/rewards/Counter/mean"], step.rewards.weights) == (7.0, [1.0, 1.0])
+    assert metrics["grpo/tools/calls/increment"] == 8
+
+
 # ---- parsing and running the calls ------------------------------------------------------------
 
 
@@ -342,12 +369,164 @@ def test_each_failure_comes_back_as_a_tool_message_counted_and_a_hung_tool_costs
 
 
 def test_a_tool_the_model_cannot_be_told_about_is_refused_naming_it():
-    with pytest.raises(ConfigError) as refused:
-        load_tools(["agentic_tools.undocumented"], None, 10)
-    assert str(refused.value).startswith("grpo.tools[0]: agentic_tools.undocumented cannot be described to the model: "
-                                         "Cannot generate JSON schema for undocumented because it has no docstring!")
+    """(A tool without a docstring: the plan's test below.)"""
     with pytest.raises(ConfigError, match=r"^grpo.tools\[1\]: agentic_tools.untyped cannot be described to the model: "
                                           "Argument a is missing a type hint in function untyped. A tool's schema"):
         load_tools(["agentic_tools.add", "agentic_tools.untyped"], None, 10)
     with pytest.raises(ConfigError, match=r"^grpo.environment: agentic_tools.add must be a class with a reset"):
         load_tools([], "agentic_tools.add", 10)
+
+
+# ---- the cache after a tool turn ---------------------------------------------------------------
+
+CACHE_SEQ, CACHE_PROMPTS = 256, [5, 14, 9, 30]  # test_grpo.SEQ_LEN: the model=hf policy is built for it
+# per forward after the prompts', the tokens written for each row first: decodes, a tool turn
+# appended (7 tokens; 41, more than one compiled piece of 32) while a row waits (0) and one goes on
+FED = [(1, 1, 1, 1), (1, 1, 1, 1), (7, 41, 0, 1), (1, 1, 1, 1), (1, 0, 1, 1)]
+
+
+def _rolled_logits(model, model_kind: str, static):
+    """Each forward's next-token scores [B, vocab], the position each row last fed (-1: none), and
+    the buffer; `static`: on a static cache (True: a new one; or that StaticCache)."""
+    from qwen3_neuron.generation.kv_cache import StaticCache
+    from qwen3_neuron.generation.rollout import row_forwards
+
+    generator = torch.Generator().manual_seed(5)
+    prompt_lengths = torch.tensor(CACHE_PROMPTS)
+    ids = torch.randint(1, 2000, (len(CACHE_PROMPTS), CACHE_SEQ), generator=generator)
+    ids = ids.masked_fill(torch.arange(CACHE_SEQ) >= prompt_lengths.unsqueeze(1), 0)
+    cache = static if isinstance(static, StaticCache) else StaticCache(None) if static else None
+    length, fed, out = prompt_lengths.clone(), prompt_lengths.clone(), []
+    with torch.no_grad(), row_forwards(model, model_kind == "hf", ids, prompt_lengths, cache, 64) as (prefill, feed):
+        out.append((prefill(), prompt_lengths - 1))
+        for counts in FED:
+            for b, count in enumerate(counts):
+                ids[b, length[b]:length[b] + count] = torch.randint(1, 2000, (count,), generator=generator)
+                length[b] += count
+            out.append((feed(fed, length), torch.where(length > fed, length - 1, -1)))
+            fed = length.clone()
+    return out, ids
+
+
+def _assert_whole_buffers(model, model_kind: str, out, ids) -> None:
+    """At every forward each row that fed has the scores a whole-buffer forward has at its last
+    token. Float32 throughout: the paths differ in the order of their sums only, each sum's
+    rounding bounded by 2^-24 times its terms, relative to the logits."""
+    from test_grpo import _sampler
+    from test_grpo_generation import _summed
+
+    from qwen3_neuron.models.logprobs import hidden_states_out
+
+    inputs = _sampler(1, True, model=model, hf_backend=model_kind == "hf").model_inputs(ids)
+    with torch.no_grad(), hidden_states_out(model):
+        whole = model.lm_head(model(ids, **inputs)).float()  # [B, S, vocab]: causal, so the buffer as it ends
+    tolerance = 2**-24 * max(_summed(model_kind), CACHE_SEQ) * float(whole.abs().max())
+    compared = 0
+    for scores, positions in out:
+        for b, position in enumerate(positions.tolist()):
+            if position >= 0:
+                torch.testing.assert_close(scores[b], whole[b, position], atol=tolerance, rtol=0)
+                compared += 1
+    assert compared == 4 + 4 * len(FED) - 2 and whole.std() > 0.1  # every row that fed; the logits not degenerate
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+@pytest.mark.parametrize("model_kind", ["native", "hf"])
+def test_after_a_tool_turn_the_cache_has_the_whole_buffers_logits_at_every_token(assets, model_kind, static):
+    """Rows feed different widths (a decode, a tool turn appended, nothing while they wait), each at
+    its own positions (the static cache's in APPEND_WIDTH pieces, run eagerly): at every forward each
+    row that fed gets the scores of a whole-buffer forward at its last token."""
+    from test_grpo import _tiny_policy
+
+    model = _tiny_policy(assets, model_kind)
+    _assert_whole_buffers(model, model_kind, *_rolled_logits(model, model_kind, static))
+
+
+def test_compiled_blocks_append_tool_turns_with_one_more_graph_compiled_once(assets):
+    """torchtitan's compiled blocks (aot_eager, fullgraph): a rollout's forwards take the prompts'
+    graph, the decode's and one for tool turns, APPEND_WIDTH columns at a time, each compiled once
+    over two generations (nothing recompiles), with the whole buffer's logits."""
+    from test_grpo import _tiny_policy
+    from test_grpo_generation import _frames
+
+    from qwen3_neuron.generation.kv_cache import StaticCache
+
+    model = _tiny_policy(assets, "native")
+    for block in model.layers.values():
+        block.compile(backend="aot_eager", fullgraph=True)
+    graphs = {"_prefill_128", "_decode", "_append_32"}  # the longest prompt (30) takes the 128-wide forward
+    before = _frames(graphs)
+    cache = StaticCache("aot_eager")
+    for _ in range(2):  # the same buffers, positions and masks as tensors: nothing to recompile
+        out, ids = _rolled_logits(model, "native", cache)
+    assert sorted(_frames(graphs)[len(before):]) == sorted(graphs)
+    _assert_whole_buffers(model, "native", out, ids)
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+
+TOOL_RUN = ("experiment=cpu_qwen3_tiny_grpo", "grpo.tools=[examples.my_tools.calculator]",
+            "grpo.rewards=[qwen3_neuron.rewards.exact_answer]", "training.seq_len=384")  # fmt: skip
+
+
+def test_the_plan_renders_the_tools_into_every_prompt_and_the_dry_run_names_them(assets, tmp_path):
+    """The bundled calculator prompts with grpo.tools: each prompt carries the calculator's schema
+    (transformers' get_json_schema of examples/my_tools.py's function, as the bundled SFT rows
+    carry it); the dry run says what may be called and shows the schema; Neuron's static-shapes
+    line counts the tool turns' graph."""
+    from conftest import compose_job, plan_of
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+    from transformers.utils import get_json_schema
+
+    from examples.my_tools import calculator
+    from qwen3_neuron.assets.build import CALCULATOR_SCHEMA
+    from qwen3_neuron.job.checks.static_shapes import _check_batches
+    from qwen3_neuron.launch.run_job import tool_lines
+
+    plan = plan_of(compose_job(*TOOL_RUN, f"data.files={assets.tool_prompts_train_file}"), tmp_path / "run")
+    source = plan.trainer_config.dataloader.sources[0]
+    assert source.tools == [get_json_schema(calculator)] == [CALCULATOR_SCHEMA]
+    sft_row = json.loads(assets.tool_sft_train_file.read_text().splitlines()[0])
+    assert sft_row["tools"] == source.tools  # what SFT taught is what GRPO's prompts say
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(assets.tiny_qwen3_dir))
+    row = json.loads(assets.tool_prompts_train_file.read_text().splitlines()[0])
+    assert tokenizer.decode(prompt_tokens(tokenizer, row, source), skip_special_tokens=False) == \
+        tokenizer.apply_chat_template(row["prompt"], tools=[CALCULATOR_SCHEMA], add_generation_prompt=True)
+    assert tool_lines(plan.trainer_config, plan.settings) == [
+        "tools: calculator, at most 4 rounds of calls a completion (grpo.max_tool_calling_iterations), 10 s a "
+        "call (grpo.tool_timeout_s); every prompt carries their schemas:",
+        f"tool schema: {json.dumps(CALCULATOR_SCHEMA)}"]  # fmt: skip
+    assert _check_batches(plan.trainer_config, "").endswith(
+        "each new token's (8 x 1) and each tool turn's (8 x 32, as many as it takes), 5 more graphs, each compiled once")
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (("grpo.tools=[agentic_tools.undocumented]",),
+     "grpo.tools[0]: agentic_tools.undocumented cannot be described to the model: Cannot generate JSON schema for "
+     "undocumented because it has no docstring. A tool's schema comes from its type hints and docstring "
+     "(transformers' get_json_schema, as TRL's): a type hint on each argument, and a docstring with a description "
+     "and an `Args:` line per argument."),
+    (("grpo.max_tool_calling_iterations=0",),
+     "grpo.max_tool_calling_iterations=0: the rounds of tool calls a completion may make, at least 1 with grpo.tools "
+     "or grpo.environment (e.g. 4)."),
+    (("grpo.environment=agentic_tools.Counter", "grpo.rewards=[agentic_tools.answered]"),
+     "grpo.rewards[0]: agentic_tools.answered takes neither `environments` nor **kwargs, and with grpo.environment "
+     "every reward is handed each rollout's environment as TRL hands it: add **kwargs to its parameters."),
+    (("grpo.rewards=[agentic_tools.counted]",),
+     "grpo.rewards[0]: agentic_tools.counted reads `environments`, which only a run with "
+     "grpo.environment=module.Class has: set it, or choose another reward."),
+    (("data.files={strings}",),
+     "grpo.tools: the prompts of {strings} are strings (e.g. 'What is 2 + 3?'); the tools reach the model through "
+     'the chat template, which renders message lists: write each prompt as [{{"role": "user", "content": "..."}}].'),
+])  # fmt: skip
+def test_tool_settings_a_run_could_not_use_are_refused_at_plan_time(assets, tmp_path, overrides, said):
+    """Each a ConfigError of one sentence at plan time, naming the key and what would do."""
+    from conftest import compose_job, plan_of
+
+    strings = tmp_path / "strings.jsonl"
+    strings.write_text(json.dumps({"prompt": "What is 2 + 3?", "answer": "5"}) + "\n")
+    overrides = [o.format(strings=strings) for o in overrides]
+    with pytest.raises(ConfigError) as refused:
+        plan_of(compose_job(*TOOL_RUN, f"data.files={assets.tool_prompts_train_file}", *overrides), tmp_path / "run")
+    assert str(refused.value) == said.format(strings=strings)

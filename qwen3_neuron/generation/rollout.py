@@ -138,7 +138,8 @@ class Rollout:
         clipped = done.clone()
         completions: list[list[dict]] = [[] for _ in rows]
         counts = torch.zeros(batch, len(self.names))
-        with self._forwards(model, ids, prompt_lengths) as (prefill, feed):
+        with row_forwards(model, self.hf_backend, ids, prompt_lengths, self.static_cache,
+                          self.max_completion_length) as (prefill, feed):  # fmt: skip
             logits, fed = prefill(), prompt_lengths.clone()
             for turn in range(self.max_iterations + 1):
                 writing = ~done
@@ -232,40 +233,44 @@ class Rollout:
         prompt_lengths[b] = len(tokens)
         return prompt
 
-    @contextmanager
-    def _forwards(self, model, ids: torch.Tensor, prompt_lengths: torch.Tensor) -> Iterator[tuple]:
-        """`(prefill, feed)` on a cache of each row's tokens at their positions: `prefill()` the
-        prompts' forward, `feed(starts, ends)` one of `ids[b, starts[b]:ends[b]]` per row; each
-        returns float32 [B, vocab] scores of every row's next token (a row that fed nothing: unused)."""
-        batch, seq_len = ids.shape
-        rows, lm_head = torch.arange(batch, device=ids.device), model.lm_head
-        if self.static_cache is not None:
-            cache, columns, append = self.static_cache, seq_len, min(APPEND_WIDTH, seq_len)
-        else:  # buffers of this generation's own, freed after it
-            cache, append = StaticCache(None), None
-            columns = min(seq_len, int(prompt_lengths.max()) + self.max_completion_length)
-        with static_kv_cache(model, self.hf_backend, cache, batch, columns) as forward:
 
-            def prefill() -> torch.Tensor:
-                longest = int(prompt_lengths.max())
-                width = prefill_width(longest, seq_len) if append else longest
-                positions = torch.arange(width, device=ids.device).repeat(batch, 1)
-                hidden = forward(ids[:, :width], positions, position_mask(positions, columns))
-                return lm_head(hidden[rows, prompt_lengths - 1]).float()
+@contextmanager
+def row_forwards(model, hf_backend: bool, ids: torch.Tensor, prompt_lengths: torch.Tensor,
+                 static_cache: StaticCache | None, max_completion_length: int) -> Iterator[tuple]:  # fmt: skip
+    """`(prefill, feed)` on a cache of each row's tokens at their positions: `prefill()` the
+    prompts' forward, `feed(starts, ends)` one of `ids[b, starts[b]:ends[b]]` per row; each returns
+    float32 [B, vocab] scores of every row's next token (a row that fed nothing: unused). Compiled
+    (`static_cache`): the run's buffers, prompts in `prefill_widths` columns, appends in
+    `APPEND_WIDTH` pieces; eager: buffers of this generation's own, as wide as what is fed."""
+    batch, seq_len = ids.shape
+    rows, lm_head = torch.arange(batch, device=ids.device), model.lm_head
+    if static_cache is not None:
+        cache, columns, append = static_cache, seq_len, min(APPEND_WIDTH, seq_len)
+    else:  # freed after this generation
+        cache, append = StaticCache(None), None
+        columns = min(seq_len, int(prompt_lengths.max()) + max_completion_length)
+    with static_kv_cache(model, hf_backend, cache, batch, columns) as forward:
 
-            def feed(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-                counts = ends - starts
-                widest = int(counts.max())
-                width = max(widest, 1) if append is None or widest <= 1 else append
-                scores = None
-                for first in range(0, max(widest, 1), width):  # compiled: tool turns in [B, append] pieces
-                    positions = (starts.unsqueeze(1) + first + torch.arange(width, device=ids.device)).clamp(
-                        max=columns - 1)  # fmt: skip
-                    hidden = forward(ids.gather(1, positions), positions, position_mask(positions, columns))
-                    last = counts - 1 - first  # each row's last token, where this piece holds it
-                    piece = lm_head(hidden[rows, last.clamp(0, width - 1)]).float()
-                    scores = piece if scores is None else torch.where(((last >= 0) & (last < width))[:, None], piece,
-                                                                      scores)  # fmt: skip
-                return scores
+        def prefill() -> torch.Tensor:
+            longest = int(prompt_lengths.max())
+            width = prefill_width(longest, seq_len) if append else longest
+            positions = torch.arange(width, device=ids.device).repeat(batch, 1)
+            hidden = forward(ids[:, :width], positions, position_mask(positions, columns))
+            return lm_head(hidden[rows, prompt_lengths - 1]).float()
 
-            yield prefill, feed
+        def feed(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+            counts = ends - starts
+            widest = int(counts.max())
+            width = max(widest, 1) if append is None or widest <= 1 else append
+            scores = None
+            for first in range(0, max(widest, 1), width):  # compiled: tool turns in [B, append] pieces
+                offsets = first + torch.arange(width, device=ids.device)
+                positions = (starts.unsqueeze(1) + offsets).clamp(max=columns - 1)
+                hidden = forward(ids.gather(1, positions), positions, position_mask(positions, columns))
+                last = counts - 1 - first  # each row's last token, where this piece holds it
+                piece = lm_head(hidden[rows, last.clamp(0, width - 1)]).float()
+                held = ((last >= 0) & (last < width)).unsqueeze(1)
+                scores = piece if scores is None else torch.where(held, piece, scores)
+            return scores
+
+        yield prefill, feed

@@ -211,7 +211,7 @@ def _schema(function: Callable, key: str, name: str) -> dict:
         return get_json_schema(function)
     except (DocstringParsingException, TypeHintParsingException) as e:
         raise ConfigError(
-            f"{key}: {name} cannot be described to the model: {e}. A tool's schema comes from its type hints "
+            f"{key}: {name} cannot be described to the model: {str(e).rstrip('.!')}. A tool's schema comes from its type hints "
             "and docstring (transformers' get_json_schema, as TRL's): a type hint on each argument, and a docstring "
             "with a description and an `Args:` line per argument."
         ) from e
