@@ -38,7 +38,8 @@ ANSWER, DIRECT = "<think>\n\n</think>\n\nThe sum is 5.", "It is 6."
 TOOL_TURN = "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 CALLED = [{"role": "assistant", "content": "", "reasoning_content": "Add them.",
            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
-          {"role": "tool", "name": "add", "content": "5"}, {"role": "assistant", "content": "The sum is 5."}]  # fmt: skip
+          {"role": "tool", "name": "add", "content": "5"},
+          {"role": "assistant", "content": "The sum is 5."}]  # fmt: skip
 REWARD_CALLS: list[dict] = []
 
 
@@ -498,7 +499,8 @@ def test_the_plan_renders_the_tools_into_every_prompt_and_the_dry_run_names_them
         "call (grpo.tool_timeout_s); every prompt carries their schemas:",
         f"tool schema: {json.dumps(CALCULATOR_SCHEMA)}"]  # fmt: skip
     assert _check_batches(plan.trainer_config, "").endswith(
-        "each new token's (8 x 1) and each tool turn's (8 x 32, as many as it takes), 5 more graphs, each compiled once")
+        "each new token's (8 x 1) and each tool turn's (8 x 32, as many as it takes), 5 more graphs, each compiled "
+        "once")
 
 
 @pytest.mark.parametrize("overrides, said", [
@@ -530,3 +532,34 @@ def test_tool_settings_a_run_could_not_use_are_refused_at_plan_time(assets, tmp_
     with pytest.raises(ConfigError) as refused:
         plan_of(compose_job(*TOOL_RUN, f"data.files={assets.tool_prompts_train_file}", *overrides), tmp_path / "run")
     assert str(refused.value) == said.format(strings=strings)
+
+
+def test_the_tools_figures_reach_the_summary_the_end_of_run_lines_and_the_live_line(tmp_path):
+    """metrics.jsonl's tools/* of each step (as GRPOStep logs them, grpo/ stripped): summary.json
+    keeps the first and last call frequency, the last step's failure share and turns, and the run's
+    totals; the end-of-run lines and the live line say them."""
+    import io
+
+    from test_sweeps import write_records
+
+    from qwen3_neuron.launch.progress import Progress
+    from qwen3_neuron.report.summary import summarize, summary_lines
+
+    steps = [{"step": s, "loss": 0.1, "reward": 0.2 * s, "completions/mean_length": 30.0,
+              "completions/clipped_ratio": 0.0, "frac_reward_zero_std": 0.0, "tools/call_frequency": frequency, "tools/failure_frequency": failed,
+              "tools/turns_per_completion": 1 + frequency, "tools/run_calls": calls, "tools/run_failures": failures,
+              "tools/run_timeouts": timeouts}
+             for s, frequency, failed, calls, failures, timeouts in ((1, 0.25, 0.5, 2, 1, 1),
+                                                                      (2, 1.5, 0.25, 14, 4, 2))]  # fmt: skip
+    write_records(tmp_path, steps)
+    summary = summarize(tmp_path, "completed", 1.0)
+    assert {k: v for k, v in summary.items() if "tool" in k} == {
+        "first_tool_call_frequency": 0.25, "tool_call_frequency": 1.5, "tool_failure_frequency": 0.25,
+        "tool_turns_per_completion": 2.5, "tool_calls": 14, "tool_failures": 4, "tool_timeouts": 2}  # fmt: skip
+    assert ("grpo tools: 0.25 -> 1.50 calls per completion, 25% of the last step's failed, 2.50 turns per "
+            "completion; the run made 14 calls, 4 failed, 2 of them past grpo.tool_timeout_s") in summary_lines(summary)
+    out = io.StringIO()
+    progress = Progress(tmp_path / "metrics.jsonl", total_steps=2, stream=out)
+    progress._poll()
+    progress.stop()
+    assert "step 2/2  reward 0.4000  loss 0.1000  tools 1.50/completion, 25% failed" in out.getvalue().splitlines()[-1]

@@ -77,12 +77,12 @@ def count_names(tools: ToolBox) -> list[str]:
 
 def tool_metrics(sums: torch.Tensor, completions: int, tools: ToolBox) -> dict[str, float]:
     """TRL's `tools/call_frequency` (calls per completion) and `tools/failure_frequency` (failed
-    calls per call), each failure kind's and each tool's calls (counts), the turns per completion."""
+    calls per call), the turns per completion, and counts: the calls, each failure kind's, each tool's."""
     counts = dict(zip(count_names(tools), sums.tolist()))
     calls, failures = counts["calls"], sum(counts[f"failures/{kind}"] for kind in FAILURES)
     metrics = {"tools/call_frequency": calls / completions, "tools/turns_per_completion": counts["turns"] / completions,
                "tools/failure_frequency": failures / calls if calls else 0.0}  # fmt: skip
-    return metrics | {f"tools/{name}": value for name, value in counts.items() if "/" in name}
+    return metrics | {f"tools/{name}": value for name, value in counts.items() if name != "turns"}
 
 
 def tool_turn_text(apply_chat_template, tool_messages: list[dict], end_of_turn: str) -> str:

@@ -129,6 +129,9 @@ class Progress:
         if self._validation is not None:
             step, figure, value = self._validation
             parts.append(f"{figure} {value:.4f} (step {step})")
+        if last.get("tools/call_frequency") is not None:  # grpo.tools: calls per completion, the share failed
+            parts.append(f"tools {last['tools/call_frequency']:.2f}/completion, {last['tools/failure_frequency']:.0%} "
+                         "failed")  # fmt: skip
         if last.get("reward_accuracy") is not None:  # data=preference
             parts.append(f"acc {last['reward_accuracy']:.2f}  margin {last['reward_margin']:.3f}")
         if last.get("tokens_per_second") is not None:

@@ -61,7 +61,7 @@ from qwen3_neuron.trainers.grpo_loss import (
 from qwen3_neuron.generation.kv_cache import StaticCache, gathered
 from qwen3_neuron.generation.rollout import Rollout, Rollouts, tool_metrics
 from qwen3_neuron.generation.sampling import Sampler, logits_warpers
-from qwen3_neuron.generation.tools import environment_reward, load_tools
+from qwen3_neuron.generation.tools import FAILURES, environment_reward, load_tools
 from qwen3_neuron.models.logprobs import model_token_logps
 from qwen3_neuron.rewards.calls import Rewards, load_rewards
 from qwen3_neuron.trainers.base import ObjectiveTrainer
@@ -128,6 +128,7 @@ class GRPOStep(Stateful):
         self._steps_on_generation = 0
         self._waiting: list[tuple[torch.Tensor, int, dict]] = []  # prompts pulled, not yet generated from
         self._sums = torch.zeros(len(TOKEN_METRICS))
+        self._tool_totals = {"calls": 0.0, "failures": 0.0, "timeouts": 0.0}  # the run's, over its generations
         self._started = 0.0
 
     def register(self) -> None:
@@ -142,7 +143,8 @@ class GRPOStep(Stateful):
     def state_dict(self) -> dict:
         # bytes under a key of this data-parallel rank, as torchtitan keeps its dataloaders' states
         kept = io.BytesIO()
-        torch.save({"waiting": self._waiting, "generation": self._generation, "steps": self._steps_on_generation}, kept)
+        torch.save({"waiting": self._waiting, "generation": self._generation, "steps": self._steps_on_generation,
+                    "tool_totals": self._tool_totals}, kept)  # fmt: skip
         return {f"dp_rank_{self._dp_rank()}": kept.getvalue(), "world_size": self._dp_world_size()}
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -153,6 +155,7 @@ class GRPOStep(Stateful):
         # on the CPU: generation and torchtitan's train_step move what they take to the device
         kept = torch.load(io.BytesIO(state_dict[f"dp_rank_{self._dp_rank()}"]), map_location="cpu", weights_only=False)
         self._waiting, self._generation, self._steps_on_generation = kept["waiting"], kept["generation"], kept["steps"]
+        self._tool_totals = kept.get("tool_totals", self._tool_totals)
 
     # ---- the step --------------------------------------------------------------------------
 
@@ -238,7 +241,7 @@ class GRPOStep(Stateful):
 
         all_lengths = self._dp_gather(completion_lengths.float().unsqueeze(1)).squeeze(1)
         metrics = {**self._reward_metrics(scores, rewards), "frac_reward_zero_std": float(zero_std.float().mean()),
-                   **self._length_metrics(sequences, all_lengths), **self._tool_metrics(sequences),
+                   **self._length_metrics(sequences, all_lengths), **self._tool_metrics(sequences, totals=True),
                    "generation_seconds": generation_seconds, "scoring_seconds": scoring_seconds}  # fmt: skip
         microbatches = self._microbatches(model, sequences, local_advantages)
         model.train()
@@ -280,12 +283,19 @@ class GRPOStep(Stateful):
         return {"completions/mean_length": float(all_lengths.mean()), "completions/max_length": float(all_lengths.max()),
                 "completions/clipped_ratio": float(clipped.mean())}  # fmt: skip
 
-    def _tool_metrics(self, sequences: list[Rollouts]) -> dict[str, float]:
-        """With tools: TRL's tools/call_frequency and tools/failure_frequency, and the counts, of the global batch."""
+    def _tool_metrics(self, sequences: list[Rollouts], totals: bool = False) -> dict[str, float]:
+        """With tools: TRL's tools/call_frequency and tools/failure_frequency, and the counts, of the
+        global batch; `totals`: the run's calls, failures and timeouts so far too (tools/run_*)."""
         if self.rollout is None:
             return {}
         counts = self._dp_gather(torch.cat([r.tool_counts for r in sequences]).to(self.trainer.device))
-        return tool_metrics(counts.sum(0), counts.shape[0], self.tools)
+        metrics = tool_metrics(counts.sum(0), counts.shape[0], self.tools)
+        if totals:
+            failures = sum(metrics[f"tools/failures/{kind}"] for kind in FAILURES)
+            batch = {"calls": metrics["tools/calls"], "failures": failures, "timeouts": metrics["tools/failures/timeout"]}
+            self._tool_totals = {name: total + batch[name] for name, total in self._tool_totals.items()}
+            metrics |= {f"tools/run_{name}": total for name, total in self._tool_totals.items()}
+        return metrics
 
     # ---- validation ------------------------------------------------------------------------
 
