@@ -546,9 +546,9 @@ def test_the_tools_figures_reach_the_summary_the_end_of_run_lines_and_the_live_l
     from qwen3_neuron.report.summary import summarize, summary_lines
 
     steps = [{"step": s, "loss": 0.1, "reward": 0.2 * s, "completions/mean_length": 30.0,
-              "completions/clipped_ratio": 0.0, "frac_reward_zero_std": 0.0, "tools/call_frequency": frequency, "tools/failure_frequency": failed,
-              "tools/turns_per_completion": 1 + frequency, "tools/run_calls": calls, "tools/run_failures": failures,
-              "tools/run_timeouts": timeouts}
+              "completions/clipped_ratio": 0.0, "frac_reward_zero_std": 0.0, "tools/call_frequency": frequency,
+              "tools/failure_frequency": failed, "tools/turns_per_completion": 1 + frequency, "tools/run_calls": calls,
+              "tools/run_failures": failures, "tools/run_timeouts": timeouts}
              for s, frequency, failed, calls, failures, timeouts in ((1, 0.25, 0.5, 2, 1, 1),
                                                                       (2, 1.5, 0.25, 14, 4, 2))]  # fmt: skip
     write_records(tmp_path, steps)
