@@ -29,7 +29,7 @@ from qwen3_neuron.generation.tools import load_tools
 from qwen3_neuron.job.settings import GRPOSettings
 from qwen3_neuron.trainers.grpo import ADVANTAGES, GRPOStep
 
-SEQ_LEN, MAX_COMPLETION = 448, 120
+SEQ_LEN, MAX_COMPLETION = 512, 120
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
 CALL = '<think>\nAdd them.\n</think>\n\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 ANSWER, DIRECT = "<think>\n\n</think>\n\nThe sum is 5.", "It is 6."
@@ -106,7 +106,7 @@ def _world(assets, tools=("agentic_tools.add",), environment=None, **grpo):
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(assets.tiny_qwen3_dir))
     settings = GRPOSettings(rewards=[f"{__name__}.used_the_tool"], tools=list(tools), environment=environment,
-                            num_generations=4, max_completion_length=MAX_COMPLETION, **grpo)  # fmt: skip
+                            num_generations=4, **{"max_completion_length": MAX_COMPLETION, **grpo})  # fmt: skip
     schemas = load_tools(settings.tools, environment, settings.tool_timeout_s).schemas
     source = DataSource(format="prompts", files="unused", prompt_field="prompt", tools=schemas)
     return tokenizer, source, settings
@@ -216,6 +216,32 @@ def test_a_tool_turn_is_appended_as_the_template_writes_it_and_only_the_policys_
     assert metrics["grpo/completions/mean_length"] == sum(lengths) / 8  # the policy's tokens only
     assert step._generation.tokens == sum(lengths) and metrics["grpo/completions/clipped_ratio"] == 0.0
     assert metrics["grpo/reward"] == calls / 8
+
+
+@pytest.mark.parametrize("limit", ["budget", "rounds"])
+def test_max_completion_length_and_the_rounds_of_calls_end_a_rollout(assets, limit):
+    """budget: grpo.max_completion_length=80 leaves the call's turn (59 tokens) no room for add's turn
+    (30) and a token of the model's: the rollout ends at the call, counted as clipped, its tool
+    message left out (TRL's rollback). rounds: grpo.max_tool_calling_iterations=1 runs one round; the
+    second call ends the rollout, not run, not clipped."""
+    tokenizer, source, settings = _world(assets, max_completion_length=80 if limit == "budget" else 200,
+                                         max_tool_calling_iterations=1)  # fmt: skip
+    end = tokenizer.tokenizer.token_to_id("<|im_end|>")
+    prompt = prompt_tokens(tokenizer, {"prompt": QUESTION}, source)
+    call, turn = _encode(tokenizer, CALL) + [end], _encode(tokenizer, TOOL_TURN)
+    script = prompt + call + turn + call + turn + _encode(tokenizer, ANSWER) + [end]  # calls add twice
+    step = _install(_trainer(tokenizer, source, _Scripted([script], end, 2048)), settings)
+    REWARD_CALLS.clear()
+    step.train_step(_prompt_batches(tokenizer, source, [{"prompt": QUESTION, "answer": "5"}] * 2))
+    kept = prompt + call if limit == "budget" else prompt + call + turn + call
+    for input_dict, _ in step._generation.microbatches:
+        for ids in input_dict["input"].tolist():
+            assert ids == kept + [tokenizer.eos_id] * (SEQ_LEN - len(kept))
+    assert REWARD_CALLS[0]["completions"] == [CALLED[:1] if limit == "budget" else [*CALLED[:2], CALLED[0]]] * 8
+    metrics = step.step_metrics()
+    assert metrics["grpo/completions/clipped_ratio"] == (1.0 if limit == "budget" else 0.0)
+    assert metrics["grpo/tools/calls"] == 8  # the budget's call was made, its answer did not fit
+    assert metrics["grpo/completions/mean_length"] == len(call) * (1 if limit == "budget" else 2)
 
 
 def _by_hand_loss(step, model, scripts, prompt_length, old_weight, loss_type):
