@@ -15,6 +15,11 @@ Four artifacts live under one cache root (``default_root()``):
   trains on by default.
 - ``preference_pairs/``: their questions with one constant chosen reply and random words rejected
   (``train.jsonl`` + ``validation.jsonl``): what data=preference trains on by default.
+- ``tool_calls/``: arithmetic questions a tiny model can only answer with a calculator (the tool
+  of examples/my_tools.py): conversations that call it (``sft_train.jsonl``,
+  ``sft_validation.jsonl``: data=chat, the tool's schema in each row's `tools`) and GRPO prompt
+  rows with their `answer` (``prompts_train.jsonl``, ``prompts_validation.jsonl``: data=prompts
+  with grpo.tools=[examples.my_tools.calculator]).
 
 The text comes from the standard library's source files (parsed, never imported: no import side
 effects, nothing from third-party packages), so every machine has it; the same Python version
@@ -166,6 +171,7 @@ class AssetPaths:
     tiny_qwen3_moe_dir: Path  # tiny MoE HF model dir
     chat_dataset_dir: Path  # multi-turn conversations (data=chat)
     preference_dataset_dir: Path  # prompt / chosen / rejected pairs (data=preference)
+    tool_dataset_dir: Path  # calculator conversations (data=chat) and prompts (data=prompts, grpo.tools)
 
     @property
     def real_vocab_qwen3_dir(self) -> Path:
@@ -193,6 +199,18 @@ class AssetPaths:
     def preference_validation_file(self) -> Path:
         return self.preference_dataset_dir / "validation.jsonl"
 
+    @property
+    def tool_sft_train_file(self) -> Path:
+        return self.tool_dataset_dir / "sft_train.jsonl"
+
+    @property
+    def tool_prompts_train_file(self) -> Path:
+        return self.tool_dataset_dir / "prompts_train.jsonl"
+
+    @property
+    def tool_prompts_validation_file(self) -> Path:
+        return self.tool_dataset_dir / "prompts_validation.jsonl"
+
     def artifacts(self) -> list[Path]:
         """All artifact dirs, in build order (the models copy the tokenizer's files)."""
         return [
@@ -202,6 +220,7 @@ class AssetPaths:
             self.tiny_qwen3_moe_dir,
             self.chat_dataset_dir,
             self.preference_dataset_dir,
+            self.tool_dataset_dir,
         ]
 
     def missing(self) -> list[Path]:
@@ -228,6 +247,7 @@ def asset_paths(root: Path | None = None) -> AssetPaths:
         tiny_qwen3_moe_dir=root / "tiny_qwen3_moe",
         chat_dataset_dir=root / "chat_dataset",
         preference_dataset_dir=root / "preference_pairs",  # renamed with its contents: a cache rebuilds it
+        tool_dataset_dir=root / "tool_calls",
     )
 
 
@@ -244,6 +264,7 @@ def build_assets(root: Path | None = None, force: bool = False) -> AssetPaths:
         paths.tiny_qwen3_moe_dir: partial(write_tiny_model, tokenizer_dir=tokenizer_dir, moe=True),
         paths.chat_dataset_dir: write_chat_dataset,
         paths.preference_dataset_dir: write_preference_dataset,
+        paths.tool_dataset_dir: write_tool_dataset,
     }
     for final_dir, write in writers.items():
         if force or not final_dir.is_dir():
@@ -420,6 +441,55 @@ def write_preference_dataset(out_dir: Path) -> None:
                     pair = {"prompt": [question], "chosen": [{"role": "assistant", "content": PREFERENCE_CHOSEN}],
                             "rejected": [{"role": "assistant", "content": rejected[i]}]}  # fmt: skip
                     file.write(json.dumps(pair, ensure_ascii=False) + "\n")
+
+
+# examples/my_tools.py's calculator as transformers' get_json_schema describes it (a test holds them equal)
+CALCULATOR_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluates an arithmetic expression of numbers, + - * / // % and parentheses.",
+        "parameters": {"type": "object", "properties": {"expression": {
+            "type": "string", "description": 'The expression, e.g. "12 * (3 + 4)".'}}, "required": ["expression"]},
+        "return": {"type": "string"},
+    },
+}
+TOOL_SFT_ROWS, TOOL_PROMPT_ROWS = 400, 200  # each split's every VALIDATION_EVERY-th held out
+
+
+def arithmetic_questions(count: int, seed: int) -> list[tuple[str, str, str]]:
+    """(question, expression, answer) of sums, differences and products of 2- and 3-digit numbers."""
+    import random
+
+    rng = random.Random(seed)
+    questions = []
+    for _ in range(count):
+        a, b, op = rng.randint(10, 999), rng.randint(10, 99), rng.choice("+-*")
+        expression = f"{a} {op} {b}"
+        answer = str(a + b if op == "+" else a - b if op == "-" else a * b)
+        questions.append((f"What is {expression}?", expression, answer))
+    return questions
+
+
+def write_tool_dataset(out_dir: Path) -> None:
+    """Calculator conversations (a call, its answer, the reply stating it) and prompt rows with
+    their answers, from separate seeds; every VALIDATION_EVERY-th row of each held out."""
+    conversations = []
+    for question, expression, answer in arithmetic_questions(TOOL_SFT_ROWS, seed=1):
+        call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+        conversations.append({"messages": [
+            {"role": "user", "content": question}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "calculator", "content": answer},
+            {"role": "assistant", "content": f"{expression} = {answer}."}], "tools": [CALCULATOR_SCHEMA]})  # fmt: skip
+    prompts = [{"prompt": [{"role": "user", "content": question}], "answer": answer}
+               for question, _, answer in arithmetic_questions(TOOL_PROMPT_ROWS, seed=2)]  # fmt: skip
+    for name, rows in (("sft", conversations), ("prompts", prompts)):
+        for split, keep in (("train", lambda i: (i + 1) % VALIDATION_EVERY != 0),
+                            ("validation", lambda i: (i + 1) % VALIDATION_EVERY == 0)):  # fmt: skip
+            with open(out_dir / f"{name}_{split}.jsonl", "w", encoding="utf-8") as file:
+                for i, row in enumerate(rows):
+                    if keep(i):
+                        file.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def write_tiny_model(out_dir: Path, tokenizer_dir: Path, moe: bool, real_vocab: bool = False) -> None:

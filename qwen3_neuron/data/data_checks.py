@@ -20,7 +20,7 @@ from pathlib import Path
 
 from torchtitan.trainer import Trainer
 
-from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conversation
+from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, renders_tools, row_conversation
 from qwen3_neuron.data.dataset import carved, document_fate, pair_fate, untrained_advice
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.data.packing import Packer, document
@@ -328,6 +328,8 @@ def _check_prompts(
         raise ConfigError(f"data.prompt_field={field} is not a column of {source.name()}; its columns: "
                           f"{', '.join(sorted(present))}")  # fmt: skip
 
+    if source.tools:  # GRPO's tools reach the model through the chat template
+        _check_tool_prompts(rows, field, tokenizer, source.name())
     for row, place in placed:  # a prompt that leaves no room for the completion: a setting to change
         try:
             length = len(prompt_tokens(tokenizer, row, source)) if not isinstance(row, RowError) else 0
@@ -344,6 +346,20 @@ def _check_prompts(
 
     _check_sides(source, key, sides, fate, seq_len, warn, taken)
     return rows
+
+
+def _check_tool_prompts(rows: list[dict], field: str, tokenizer, name: str) -> None:
+    """grpo.tools / grpo.environment: the tools' schemas are rendered by the chat template, so the
+    prompts are message lists and the template writes tools and tool calls."""
+    strings = [row for row in rows if isinstance(row.get(field), str)]
+    if strings:
+        raise ConfigError(f"grpo.tools: the prompts of {name} are strings (e.g. {strings[0][field]!r:.60}); the tools "
+                          "reach the model through the chat template, which renders message lists: write each "
+                          'prompt as [{"role": "user", "content": "..."}].')  # fmt: skip
+    if not renders_tools(tokenizer.apply_chat_template):
+        raise ConfigError("grpo.tools: the tokenizer's chat template does not render tools or tool calls, so "
+                          "the model would never see them; use a model dir whose template does, as Qwen3's "
+                          "does.")  # fmt: skip
 
 
 def _check_pair(renderer: ChatRenderer, pair, seq_len: int, key: str) -> None:

@@ -1,8 +1,8 @@
 """A prompt row -> the tokens a GRPO step generates from, and the columns its rewards read (data=prompts).
 
 A row's `prompt` (`data.prompt_field`) is a message list, rendered with the tokenizer's own chat
-template with `add_generation_prompt` (the tools of `data.tools_field` as data=chat hands them),
-or a string, tokenized as it is (TRL's standard prompts). Every other column goes to the reward
+template with `add_generation_prompt` (GRPO's tools' schemas, then those of `data.tools_field` as
+data=chat hands them), or a string, tokenized as it is (TRL's standard prompts). Every other column goes to the reward
 functions as it is (`columns`).
 """
 
@@ -39,7 +39,7 @@ def prompt_tokens(tokenizer, row: Mapping[str, Any], source) -> list[int]:
     if messages[-1]["role"] == "assistant":
         raise ChatFormatError(f"data.prompt_field={field}: the prompt ends with an assistant turn; the "
                               "completion is the next assistant turn")  # fmt: skip
-    tools = row_tools(row, source.tools_field)
+    tools = [*(source.tools or []), *(row_tools(row, source.tools_field) or [])]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **({"tools": tools} if tools else {}))
     ids = list(tokenizer.tokenizer.encode(text).ids)
     bos = getattr(tokenizer, "bos_id", None)

@@ -133,5 +133,9 @@ class DataSource(SourceFields):
     weight: float = 1.0
     """data=mix: this source's share of the samples, against the other sources' weights."""
 
+    tools: list[dict] | None = None
+    """data=prompts: the schemas of GRPO's tools (`grpo.tools`, `grpo.environment`'s methods), which
+    every prompt is rendered with besides its row's own; set from the grpo section, not a data key."""
+
     def name(self) -> str:
         return self.hf_dataset or (self.files if isinstance(self.files, str) else ",".join(self.files or []))

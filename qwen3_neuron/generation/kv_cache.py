@@ -170,6 +170,8 @@ def _hf_cache(model: torch.nn.Module) -> Iterator[Forward]:
 
 # the prompts' forward is a power of two from 128 columns wide, or seq_len (vLLM Neuron's buckets)
 FIRST_PREFILL_WIDTH = 128
+# a multi-turn rollout's tool turn (`generation.rollout`) is fed this many columns a forward
+APPEND_WIDTH = 32
 
 
 def prefill_widths(seq_len: int) -> list[int]:
@@ -197,7 +199,8 @@ class StaticCache:
     compiled graph's inputs stay the same tensors), and, for blocks torchtitan compiled with
     `backend`, the generation's graphs: one per width of the prompts' forward, one of the [B, 1]
     decode. Each is `_block_call` under a code object of its own, so Dynamo compiles each once
-    (its cache is per code object) and none is a recompile of another."""
+    (its cache is per code object) and none is a recompile of another. A tool turn's forward
+    (`APPEND_WIDTH` wide) is a graph of its own too, or the prompts' of that width."""
 
     def __init__(self, backend: str | None):
         self.backend = backend
@@ -206,7 +209,7 @@ class StaticCache:
 
     def graph(self, width: int) -> Callable:
         if width not in self.graphs:
-            name = "_decode" if width == 1 else f"_prefill_{width}"
+            name = "_decode" if width == 1 else f"_append_{width}" if width == APPEND_WIDTH else f"_prefill_{width}"
             code = _block_call.__code__.replace(co_name=name, co_qualname=name)
             function = types.FunctionType(code, _block_call.__globals__, name)
             self.graphs[width] = torch.compile(function, backend=self.backend, fullgraph=True, dynamic=False)

@@ -24,13 +24,17 @@ DATA_CACHE_DIR = "data_cache"  # in the run dir: datasets' Arrow cache of local 
 SOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(SourceFields))  # the defaults of each source
 
 
-def apply_data(config: Trainer.Config, data: DataSettings, run_dir: Path, trainer: str | None = None) -> None:
+def apply_data(config: Trainer.Config, data: DataSettings, run_dir: Path, trainer: str | None = None,
+               tools: list[dict] | None = None) -> None:  # fmt: skip
     """Set `config.dataloader` (and the validator's) from the data section, for packed kinds, as
-    `trainer` reads them (trainer=kto: data=preference's rows as KTO's units)."""
+    `trainer` reads them (trainer=kto: data=preference's rows as KTO's units); `tools`: data=prompts,
+    the schemas of GRPO's tools, rendered with every prompt."""
     if data.kind not in PACKED_KINDS:
         _refuse_unused(data)
         return
     train_sources = training_sources(data, trainer)
+    if tools and data.kind == "prompts":
+        train_sources = [dataclasses.replace(source, tools=tools) for source in train_sources]
     cache_dir = str(Path(run_dir) / DATA_CACHE_DIR)
     common = {"streaming": data.streaming, "cache_dir": cache_dir}
     config.dataloader = PackedDataLoader.Config(sources=train_sources, role="train", **common)

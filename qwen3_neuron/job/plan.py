@@ -248,10 +248,13 @@ def _check_preference(config: Trainer.Config, settings: Settings, world_size: in
 def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int):
     """data=prompts: GRPO samples from a model that already writes, in whole groups per rank.
     Returns the reward functions (their columns are checked against the first rows)."""
-    from qwen3_neuron.rewards.calls import load_rewards
+    from qwen3_neuron.generation.tools import load_tools
+    from qwen3_neuron.trainers.grpo import rewards_of
 
     grpo = settings.grpo
-    rewards = load_rewards(grpo.rewards, grpo.reward_weights)  # importable, callable, one weight each
+    tools = load_tools(grpo.tools, grpo.environment, grpo.tool_timeout_s)
+    rewards = rewards_of(grpo, tools)  # importable, callable, one weight each (an environment's own too)
+    _check_tool_settings(grpo, tools, rewards)
     if not _loads_starting_weights(config.checkpoint):
         raise ConfigError(
             "data=prompts samples completions from the model and rewards the better ones, but nothing loads "
@@ -271,6 +274,29 @@ def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int):
             f"{grpo.num_generations}: make it a multiple (e.g. training.local_batch_size={grpo.num_generations})."
         )
     return rewards
+
+
+def _check_tool_settings(grpo, tools, rewards) -> None:
+    """grpo.tools / grpo.environment: a finite number of rounds of calls, and rewards that take
+    the environments TRL hands them (and none that waits for environments there are not)."""
+    import inspect
+
+    if tools is not None and grpo.max_tool_calling_iterations < 1:
+        raise ConfigError(f"grpo.max_tool_calling_iterations={grpo.max_tool_calling_iterations}: the rounds of "
+                          "tool calls a completion may make, at least 1 with grpo.tools or grpo.environment "
+                          "(e.g. 4).")  # fmt: skip
+    environment = tools is not None and tools.environment is not None
+    for index, (name, function) in enumerate(zip(rewards.names, rewards.functions)):
+        parameters = inspect.signature(function).parameters
+        takes = "environments" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        needs = "environments" in parameters and parameters["environments"].default is inspect.Parameter.empty
+        if environment and not takes:
+            raise ConfigError(f"grpo.rewards[{index}]: {name} takes neither `environments` nor **kwargs, and with "
+                              "grpo.environment every reward is handed each rollout's environment as TRL hands it: "
+                              "add **kwargs to its parameters.")  # fmt: skip
+        if needs and not environment:
+            raise ConfigError(f"grpo.rewards[{index}]: {name} reads `environments`, which only a run with "
+                              "grpo.environment=module.Class has: set it, or choose another reward.")  # fmt: skip
 
 
 def _samples_taken(config: Trainer.Config, settings, world_size: int) -> int:

@@ -435,6 +435,20 @@ class GRPOSettings:
     num_iterations: int
     """Training steps per generation batch (the sampling policy's log-probabilities kept for the ratio)."""
 
+    tools: list[str]
+    """module.function tools the policy may call between its turns (TRL's `tools`): each with type
+    hints and a docstring describing its arguments, from which its schema is made for the prompt."""
+
+    environment: str | None
+    """module.Class instantiated once per rollout (TRL's `environment_factory`): `reset(**row)` may
+    return text for the prompt, its public methods are tools, rewards get `environments=[...]`."""
+
+    max_tool_calling_iterations: int
+    """Rounds of tool calls a completion may make (TRL's name); a call after the last is not run."""
+
+    tool_timeout_s: float
+    """Seconds a tool call may take; past it the model reads that it timed out and the call is stopped."""
+
 
 @dataclass(kw_only=True)
 class Settings:

@@ -41,7 +41,8 @@ def build_trainer_config(job: Job, run_dir: Path) -> Trainer.Config:
     settings, model_dir, device, composed = job.settings, job.model_dir, job.device, job.composed
     config = base_config(settings.model.module, settings.model.config_fn)
     config.model_spec = _model_spec(settings, model_dir)
-    apply_data(config, settings.data, run_dir, settings.trainer.name)  # before the YAML sections refine it
+    # a packed data kind: before the YAML sections refine it; the prompts with GRPO's tools' schemas
+    apply_data(config, settings.data, run_dir, settings.trainer.name, _tool_schemas(settings))
     for section, values in composed.items():
         if section in SECTIONS:
             continue
@@ -75,6 +76,18 @@ def build_trainer_config(job: Job, run_dir: Path) -> Trainer.Config:
         *kernel_overrides(settings),
     ]
     return config
+
+
+def _tool_schemas(settings: Settings) -> list[dict] | None:
+    """data=prompts with grpo.tools or grpo.environment: their schemas (a ConfigError names a tool
+    that cannot be loaded or described)."""
+    if settings.data.kind != "prompts":
+        return None
+    from qwen3_neuron.generation.tools import load_tools
+
+    grpo = settings.grpo
+    tools = load_tools(grpo.tools, grpo.environment, grpo.tool_timeout_s)
+    return tools.schemas if tools is not None else None
 
 
 def _only_periodic_saves_periodically(config: Trainer.Config, composed_checkpoint: Mapping) -> None:

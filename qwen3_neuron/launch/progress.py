@@ -132,6 +132,8 @@ class Progress:
             if self._validation is not None:
                 step, figure, value = self._validation
                 parts.append(f"{figure} {value:.4f} (step {step})")
+        if last.get("tools/call_frequency") is not None:  # grpo.tools: calls per completion, the share failed
+            parts.append(f"tools {last['tools/call_frequency']:.2f} ({last['tools/failure_frequency']:.0%} failed)")
         if last.get("reward_accuracy") is not None:  # data=preference
             parts.append(f"acc {last['reward_accuracy']:.2f}  margin {last['reward_margin']:.3f}")
         elif "units" in last:  # trainer=kto: its KL estimate, and the margin when the step had both kinds

@@ -488,6 +488,8 @@ def _print_plan(plan: Plan, launch: WorkerLaunch, compile_cache: str | None, run
     for line in (compile_cache, plan.static_shapes):
         if line:
             say(line)
+    for line in tool_lines(config, settings):
+        say(line)
     for note in plan.notes:
         say(f"note: {note}")
     say(f"command: {launch.command_line()}")
@@ -496,6 +498,21 @@ def _print_plan(plan: Plan, launch: WorkerLaunch, compile_cache: str | None, run
     for note in plan.memory.notes:  # what the estimate assumed (the attention kernel, the optimizer)
         say(f"memory: {note}")
     say(plan.memory.line())
+
+
+def tool_lines(config, settings) -> list[str]:
+    """grpo.tools / grpo.environment: what the policy may call, how often and for how long, and each
+    tool's schema as the prompts carry it."""
+    sources = [s for s in getattr(config.dataloader, "sources", ()) if getattr(s, "tools", None)]
+    if settings.data.kind != "prompts" or not sources:
+        return []
+    grpo, schemas = settings.grpo, sources[0].tools
+    names = ", ".join(schema["function"]["name"] for schema in schemas)
+    environment = f"; {grpo.environment}: one instance per rollout" if grpo.environment else ""
+    return [f"tools: {names}, at most {grpo.max_tool_calling_iterations} rounds of calls a completion "
+            f"(grpo.max_tool_calling_iterations), {grpo.tool_timeout_s:g} s a call (grpo.tool_timeout_s)"
+            f"{environment}; every prompt carries their schemas:",
+            *(f"tool schema: {json.dumps(schema)}" for schema in schemas)]  # fmt: skip
 
 
 def _show_data(plan: Plan, count: int) -> None:

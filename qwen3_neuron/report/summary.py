@@ -164,7 +164,31 @@ def _grpo(steps: list[dict[str, Any]], validation: dict[str, Any]) -> dict[str, 
     if not steps:
         return {}
     return {"first_reward": steps[0]["reward"], **{field: steps[-1].get(name) for field, name in GRPO_FIELDS.items()},
-            "val_reward": validation.get("val_reward"), "no_signal_steps": sum(map(without_signal, steps))}  # fmt: skip
+            "val_reward": validation.get("val_reward"), "no_signal_steps": sum(map(without_signal, steps)),
+            **_tools(steps)}  # fmt: skip
+
+
+# summary field: metrics.jsonl's, of the last step (grpo.tools / grpo.environment)
+TOOL_FIELDS = {"tool_call_frequency": "tools/call_frequency", "tool_failure_frequency": "tools/failure_frequency",
+               "tool_turns_per_completion": "tools/turns_per_completion", "tool_calls": "tools/run_calls",
+               "tool_failures": "tools/run_failures", "tool_timeouts": "tools/run_timeouts"}  # fmt: skip
+
+
+def _tools(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run with tools: how often the policy called them at its first step and its last, how
+    often a call failed, its turns per completion; the run's calls, failures and timeouts."""
+    if "tools/call_frequency" not in steps[-1]:
+        return {}
+    return {"first_tool_call_frequency": steps[0].get("tools/call_frequency"),
+            **{field: steps[-1].get(name) for field, name in TOOL_FIELDS.items()}}  # fmt: skip
+
+
+def _tool_line(summary: dict[str, Any]) -> str:
+    calls, failures, timeouts = (int(summary[key] or 0) for key in ("tool_calls", "tool_failures", "tool_timeouts"))
+    return (f"grpo tools: {summary['first_tool_call_frequency']:.2f} -> {summary['tool_call_frequency']:.2f} calls per "
+            f"completion, {summary['tool_failure_frequency']:.0%} of the last step's failed, "
+            f"{summary['tool_turns_per_completion']:.2f} turns per completion; the run made {calls:,} calls, "
+            f"{failures:,} failed, {timeouts:,} of them past grpo.tool_timeout_s")
 
 
 def _mfu(flops_per_token: float | None, tokens_per_second: float | None, peak: dict | None) -> float | None:
@@ -233,6 +257,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                      f"{summary['completion_clipped_ratio']:.0%} cut at grpo.max_completion_length")  # fmt: skip
         if summary.get("val_reward") is not None:
             lines[-1] += f"; held-out prompts: reward {summary['val_reward']:.4f} at step {summary['val_step']}"
+        if summary.get("tool_call_frequency") is not None:
+            lines.append(_tool_line(summary))
         if summary.get("no_signal_steps"):
             lines.append(f"grpo: {summary['no_signal_steps']} of {summary['steps']} steps without a learning signal: "
                          f"{NO_SIGNAL}")  # fmt: skip

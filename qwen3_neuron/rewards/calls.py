@@ -30,7 +30,8 @@ import torch
 from qwen3_neuron.errors import ConfigError, RewardError
 
 
-TRL_ARGUMENTS = {"prompts", "completions", "completion_ids"}  # what every call hands besides the columns
+# what every call hands besides the columns (`environments`: with grpo.environment, checked by the plan)
+TRL_ARGUMENTS = {"prompts", "completions", "completion_ids", "environments"}
 
 
 def load_reward(name: str, key: str = "grpo.rewards") -> Callable:

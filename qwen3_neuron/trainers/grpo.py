@@ -59,9 +59,11 @@ from qwen3_neuron.trainers.grpo_loss import (
     total_rewards,
 )
 from qwen3_neuron.generation.kv_cache import StaticCache, gathered
+from qwen3_neuron.generation.rollout import Rollout, Rollouts, tool_metrics
 from qwen3_neuron.generation.sampling import Sampler, logits_warpers
+from qwen3_neuron.generation.tools import FAILURES, environment_reward, load_tools
 from qwen3_neuron.models.logprobs import model_token_logps
-from qwen3_neuron.rewards.calls import load_rewards
+from qwen3_neuron.rewards.calls import Rewards, load_rewards
 from qwen3_neuron.trainers.base import ObjectiveTrainer
 from qwen3_neuron.trainers.reference import FrozenReference, adapters_off
 from qwen3_neuron.hf_backend import HF_BACKEND_NAME
@@ -95,7 +97,8 @@ class GRPOStep(Stateful):
         self.trainer, self.grpo, self.seed = trainer, grpo, seed
         # the KL's reference: finetune=lora's model with its adapters off; finetune=full's a frozen copy
         self.frozen = FrozenReference(trainer.model_parts[0]) if grpo.beta and not lora else None
-        self.rewards = load_rewards(grpo.rewards, grpo.reward_weights)
+        self.tools = load_tools(grpo.tools, grpo.environment, grpo.tool_timeout_s)
+        self.rewards = rewards_of(grpo, self.tools)
         tokenizer = trainer.tokenizer
         self.tokenizer = tokenizer
         self.end_id = tokenizer.tokenizer.token_to_id(END_OF_TURN)
@@ -110,11 +113,19 @@ class GRPOStep(Stateful):
             static_cache=StaticCache(compile_.backend) if compile_.enable else None,
             model_inputs=lambda ids: self._model_inputs(ids, self._positions(ids))[1],
         )  # fmt: skip
+        # grpo.tools / grpo.environment: turns with tool calls between them, on the same kind of cache
+        self.rollout = None if self.tools is None else Rollout(
+            tools=self.tools, tokenizer=tokenizer, source=source, end_id=self.end_id, pad_id=self.sampler.pad_id,
+            end_of_turn=END_OF_TURN, max_completion_length=grpo.max_completion_length,
+            max_iterations=grpo.max_tool_calling_iterations, warpers=self.sampler.warpers, hf_backend=hf_backend,
+            static_cache=self.sampler.static_cache,
+        )  # fmt: skip
         self._train_step = base_train_step
         self._generation: Generation | None = None
         self._steps_on_generation = 0
         self._waiting: list[tuple[torch.Tensor, int, dict]] = []  # prompts pulled, not yet generated from
         self._sums = torch.zeros(len(TOKEN_METRICS))
+        self._tool_totals = {"calls": 0.0, "failures": 0.0, "timeouts": 0.0}  # the run's, over its generations
         self._started = 0.0
 
     def register(self) -> None:
@@ -129,7 +140,8 @@ class GRPOStep(Stateful):
     def state_dict(self) -> dict:
         # bytes under a key of this data-parallel rank, as torchtitan keeps its dataloaders' states
         kept = io.BytesIO()
-        torch.save({"waiting": self._waiting, "generation": self._generation, "steps": self._steps_on_generation}, kept)
+        torch.save({"waiting": self._waiting, "generation": self._generation, "steps": self._steps_on_generation,
+                    "tool_totals": self._tool_totals}, kept)  # fmt: skip
         return {f"dp_rank_{self._dp_rank()}": kept.getvalue(), "world_size": self._dp_world_size()}
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -140,6 +152,7 @@ class GRPOStep(Stateful):
         # on the CPU: generation and torchtitan's train_step move what they take to the device
         kept = torch.load(io.BytesIO(state_dict[f"dp_rank_{self._dp_rank()}"]), map_location="cpu", weights_only=False)
         self._waiting, self._generation, self._steps_on_generation = kept["waiting"], kept["generation"], kept["steps"]
+        self._tool_totals = kept.get("tool_totals", self._tool_totals)
 
     # ---- the step --------------------------------------------------------------------------
 
@@ -203,16 +216,15 @@ class GRPOStep(Stateful):
         model = trainer.model_parts[0]
         model.eval()
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + trainer.step * 1009 + self._dp_rank())
-        sequences, lengths = [], []
+        sequences = []
         with gathered(model):  # FSDP's all-gathers once for the whole generation, not per token
             for start in range(0, len(repeated), batch):
                 chunk = repeated[start:start + batch]
                 ids = torch.stack([ids for ids, _, _ in chunk]).to(trainer.device)
                 prompt_lengths = torch.tensor([length for _, length, _ in chunk], device=trainer.device)
-                completion_lengths = self.sampler.sample(model, ids, prompt_lengths, generator)
-                sequences.append((ids, prompt_lengths, completion_lengths))
-                lengths.append(completion_lengths)
-        completion_lengths = torch.cat(lengths)
+                sequences.append(self._rolled_out(model, ids, prompt_lengths, [row for _, _, row in chunk], generator))
+        # the policy's own tokens (TRL's completion lengths: a tool's answer is not the completion's)
+        completion_lengths = torch.cat([r.trained.sum(1) for r in sequences])
         generation_seconds = time.perf_counter() - started
 
         scoring = time.perf_counter()
@@ -226,21 +238,34 @@ class GRPOStep(Stateful):
 
         all_lengths = self._dp_gather(completion_lengths.float().unsqueeze(1)).squeeze(1)
         metrics = {**self._reward_metrics(scores, rewards), "frac_reward_zero_std": float(zero_std.float().mean()),
-                   **self._length_metrics(sequences, all_lengths), "generation_seconds": generation_seconds,
-                   "scoring_seconds": scoring_seconds}  # fmt: skip
+                   **self._length_metrics(sequences, all_lengths), **self._tool_metrics(sequences, totals=True),
+                   "generation_seconds": generation_seconds, "scoring_seconds": scoring_seconds}  # fmt: skip
         microbatches = self._microbatches(model, sequences, local_advantages)
         model.train()
         return Generation(microbatches, float(all_lengths.numel()), float(all_lengths.sum()), metrics)
 
-    def _score(self, sequences, rows: list[dict]) -> torch.Tensor:
-        """[completions, reward functions] of this rank's completions (TRL's call of each function)."""
-        completion_ids = [ids[p:p + n].tolist() for (chunk_ids, chunk_p, chunk_n) in sequences
-                          for ids, p, n in zip(chunk_ids, chunk_p.tolist(), chunk_n.tolist())]  # fmt: skip
-        texts = [self.tokenizer.decode([t for t in ids if t != self.end_id]) for ids in completion_ids]
-        prompt_values = [row[self.prompt_field] for row in rows]
-        completions = [[{"role": "assistant", "content": text}] if not isinstance(p, str) else text
-                       for p, text in zip(prompt_values, texts)]  # fmt: skip
+    def _rolled_out(self, model, ids, prompt_lengths, rows: list[dict], generator) -> Rollouts:
+        if self.rollout is not None:
+            return self.rollout.sample(model, ids, prompt_lengths, rows, generator)
+        return Rollouts.one_turn(ids, prompt_lengths, self.sampler.sample(model, ids, prompt_lengths, generator),
+                                 self.end_id)  # fmt: skip
+
+    def _score(self, sequences: list[Rollouts], rows: list[dict]) -> torch.Tensor:
+        """[completions, reward functions] of this rank's completions (TRL's call of each function):
+        with tools, each completion is its message list and the prompt as sampled from."""
+        completion_ids = [ids[p:p + n].tolist() for r in sequences
+                          for ids, p, n in zip(r.ids, r.prompt_lengths.tolist(), r.lengths.tolist())]  # fmt: skip
         columns = {key: [row.get(key) for row in rows] for key in rows[0] if key != self.prompt_field}
+        if self.rollout is not None:
+            prompt_values = [prompt for r in sequences for prompt in r.prompts]
+            completions = [messages for r in sequences for messages in r.completions]
+            if self.tools.environment is not None:
+                columns["environments"] = [environment for r in sequences for environment in r.environments]
+        else:
+            texts = [self.tokenizer.decode([t for t in ids if t != self.end_id]) for ids in completion_ids]
+            prompt_values = [row[self.prompt_field] for row in rows]
+            completions = [[{"role": "assistant", "content": text}] if not isinstance(p, str) else text
+                           for p, text in zip(prompt_values, texts)]  # fmt: skip
         return self.rewards.score(prompt_values, completions, completion_ids, columns).to(self.trainer.device)
 
     def _reward_metrics(self, scores: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
@@ -250,10 +275,24 @@ class GRPOStep(Stateful):
             metrics[f"rewards/{name}/std"] = float(nanstd(scores[:, index]))
         return metrics
 
-    def _length_metrics(self, sequences, all_lengths: torch.Tensor) -> dict[str, float]:
-        clipped = self._dp_gather(self._truncated(sequences).float().unsqueeze(1)).squeeze(1)
+    def _length_metrics(self, sequences: list[Rollouts], all_lengths: torch.Tensor) -> dict[str, float]:
+        clipped = self._dp_gather(torch.cat([r.clipped for r in sequences]).float().unsqueeze(1)).squeeze(1)
         return {"completions/mean_length": float(all_lengths.mean()), "completions/max_length": float(all_lengths.max()),
                 "completions/clipped_ratio": float(clipped.mean())}  # fmt: skip
+
+    def _tool_metrics(self, sequences: list[Rollouts], totals: bool = False) -> dict[str, float]:
+        """With tools: TRL's tools/call_frequency and tools/failure_frequency, and the counts, of the
+        global batch; `totals`: the run's calls, failures and timeouts so far too (tools/run_*)."""
+        if self.rollout is None:
+            return {}
+        counts = self._dp_gather(torch.cat([r.tool_counts for r in sequences]).to(self.trainer.device))
+        metrics = tool_metrics(counts.sum(0), counts.shape[0], self.tools)
+        if totals:
+            failures = sum(metrics[f"tools/failures/{kind}"] for kind in FAILURES)
+            batch = {"calls": metrics["tools/calls"], "failures": failures, "timeouts": metrics["tools/failures/timeout"]}
+            self._tool_totals = {name: total + batch[name] for name, total in self._tool_totals.items()}
+            metrics |= {f"tools/run_{name}": total for name, total in self._tool_totals.items()}
+        return metrics
 
     # ---- validation ------------------------------------------------------------------------
 
@@ -282,12 +321,14 @@ class GRPOStep(Stateful):
             for input_dict, _ in batches[:count]:
                 ids = input_dict["input"].to(trainer.device)
                 prompt_lengths = input_dict[PROMPT].to(trainer.device)
-                sequences.append((ids, prompt_lengths, self.sampler.sample(model, ids, prompt_lengths, generator)))
-                rows += [json.loads(row) for row in input_dict[ROW]]
+                batch_rows = [json.loads(row) for row in input_dict[ROW]]
+                sequences.append(self._rolled_out(model, ids, prompt_lengths, batch_rows, generator))
+                rows += batch_rows
         scores = self._dp_gather(self._score(sequences, rows))
         rewards = total_rewards(scores, torch.tensor(self.rewards.weights, device=scores.device))
-        lengths = self._dp_gather(torch.cat([n for _, _, n in sequences]).float().unsqueeze(1)).squeeze(1)
-        means = {**self._reward_metrics(scores, rewards), **self._length_metrics(sequences, lengths)}
+        lengths = self._dp_gather(torch.cat([r.trained.sum(1) for r in sequences]).float().unsqueeze(1)).squeeze(1)
+        means = {**self._reward_metrics(scores, rewards), **self._length_metrics(sequences, lengths),
+                 **self._tool_metrics(sequences)}  # fmt: skip
         extra = {f"{VALIDATION_PREFIX}{METRIC_PREFIX}{name}": value for name, value in means.items()}
         # torchtitan's validation record needs a loss: GRPO's held-out measure is the reward, not a loss
         validator.metrics_processor.log_validation(loss=math.nan, step=step, extra_metrics=extra)
@@ -307,19 +348,12 @@ class GRPOStep(Stateful):
         inputs, _, extra_kwargs = self.trainer.post_dataloading_process({"input": ids, **positions}, ids)
         return inputs, extra_kwargs
 
-    def _truncated(self, sequences) -> torch.Tensor:
-        """Per completion: whether it ran to max_completion_length without an end of turn."""
-        ends = []
-        for ids, p, n in sequences:
-            last = ids[torch.arange(ids.shape[0], device=ids.device), p + n - 1]
-            ends.append(last != self.end_id)
-        return torch.cat(ends)
-
-    def _microbatches(self, model, sequences, local_advantages) -> list[tuple[dict, torch.Tensor]]:
+    def _microbatches(self, model, sequences: list[Rollouts], local_advantages) -> list[tuple[dict, torch.Tensor]]:
         microbatches, offset = [], 0
-        for ids, p, n in sequences:
-            ids = ids[:, :self._trained_width(ids, p + n)]
-            labels = completion_labels(ids, p, n)
+        for rollouts in sequences:
+            width = self._trained_width(rollouts.ids, rollouts.trained)
+            ids = rollouts.ids[:, :width]
+            labels = trained_labels(ids, rollouts.trained[:, :width])
             positions = self._positions(ids)
             input_dict = {"input": ids, ADVANTAGES: local_advantages[offset:offset + ids.shape[0]],
                           OLD_LOGPS: None, REFERENCE_LOGPS: None, **positions}  # fmt: skip
@@ -333,14 +367,16 @@ class GRPOStep(Stateful):
             microbatches.append((input_dict, labels))
         return microbatches
 
-    def _trained_width(self, ids: torch.Tensor, ends: torch.Tensor) -> int:
-        """The columns a batch of completions trains on: eager, up to its longest prompt + completion
-        (a multiple of 8 x the tensor-parallel degree, whose sequence parallelism splits them), as
-        TRL trains each batch at its longest; compiled (static shapes), the whole buffer."""
+    def _trained_width(self, ids: torch.Tensor, trained: torch.Tensor) -> int:
+        """The columns a batch of completions trains on: eager, up to its last sampled token (a
+        multiple of 8 x the tensor-parallel degree, whose sequence parallelism splits them), as TRL
+        trains each batch at its longest; compiled (static shapes), the whole buffer."""
         if self.sampler.static_cache is not None:
             return ids.shape[1]
+        columns = torch.arange(1, ids.shape[1] + 1, device=ids.device)
+        end = int((columns * trained).max())  # one past the last trained column of any row
         granule = 8 * self.trainer.parallel_dims.tp
-        return min(ids.shape[1], -(-int(ends.max()) // granule) * granule)
+        return min(ids.shape[1], -(-end // granule) * granule)
 
     # ---- data parallel ---------------------------------------------------------------------
 
@@ -380,11 +416,25 @@ class GRPOStep(Stateful):
 def completion_labels(ids: torch.Tensor, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor) -> torch.Tensor:
     """[B, S] labels of prompt + completion rows: the next token where it is a completion token
     (the label of position j is token j + 1), IGNORE_INDEX elsewhere."""
-    positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
-    start, end = prompt_lengths.unsqueeze(1) - 1, (prompt_lengths + completion_lengths).unsqueeze(1) - 1
+    return trained_labels(ids, Rollouts.one_turn(ids, prompt_lengths, completion_lengths, -1).trained)
+
+
+def trained_labels(ids: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+    """[B, S] labels: the next token where the policy sampled it (`trained`; the label of position j
+    is token j + 1), IGNORE_INDEX elsewhere -- on the prompt, a tool's answer and the template's
+    tokens around it, the padding. The loss, the ratios, the KL and the token counts read this mask."""
     labels = torch.full_like(ids, IGNORE_INDEX)
-    labels[:, :-1] = ids[:, 1:]
-    return labels.masked_fill((positions < start) | (positions >= end), IGNORE_INDEX)
+    labels[:, :-1] = ids[:, 1:].masked_fill(~trained[:, 1:], IGNORE_INDEX)
+    return labels
+
+
+def rewards_of(grpo, tools) -> Rewards:
+    """The grpo.rewards functions, and an environment's own reward (TRL's: its get_reward(), weight 1)."""
+    owned = environment_reward(tools.environment) if tools is not None else None
+    rewards = load_rewards(grpo.rewards, grpo.reward_weights) if grpo.rewards or owned is None else Rewards([], [], [])
+    if owned is not None:
+        rewards = Rewards([*rewards.names, owned[0]], [*rewards.functions, owned[1]], [*rewards.weights, 1.0])
+    return rewards
 
 
 class GRPOTrainer(ObjectiveTrainer):

@@ -41,7 +41,7 @@ from torchtitan.trainer import Trainer
 from qwen3_neuron.data.loader import PackedDataLoader
 from qwen3_neuron.devices import policy as devices
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.generation.kv_cache import prefill_widths
+from qwen3_neuron.generation.kv_cache import APPEND_WIDTH, prefill_widths
 from qwen3_neuron.job.checks.layout import resolve_degrees
 from qwen3_neuron.models.hf.model_dir import HFModelDir
 
@@ -87,12 +87,19 @@ def _check_batches(config: Trainer.Config, why: str) -> str:
             f"recompiles ({why}). Set dataloader.infinite=true (the data re-loops) or compile.enable=false."
         )
     generation = ""
-    if any(getattr(source, "format", None) == "prompts" for source in getattr(config.dataloader, "sources", ())):
+    sources = [s for s in getattr(config.dataloader, "sources", ()) if getattr(s, "format", None) == "prompts"]
+    if sources:
         batch, widths = config.training.local_batch_size, prefill_widths(config.training.seq_len)
         prompts = ", ".join(f"{batch} x {width}" for width in widths)
+        forwards = [f"the prompts' forward ({prompts}: the narrowest that holds the batch's longest prompt)",
+                    f"each new token's ({batch} x 1)"]  # fmt: skip
+        graphs = len(widths) + 1
+        if any(source.tools for source in sources):  # grpo.tools: tool turns appended on the same cache
+            append = min(APPEND_WIDTH, config.training.seq_len)
+            forwards.append(f"each tool turn's ({batch} x {append}, as many as it takes)")
+            graphs += append not in widths
         generation = (f"; GRPO's generation on a static KV cache of {shape} positions per layer, without gradients: "
-                      f"the prompts' forward ({prompts}: the narrowest that holds the batch's longest prompt) and "
-                      f"each new token's ({batch} x 1), {len(widths) + 1} more graphs, each compiled once")  # fmt: skip
+                      f"{', '.join(forwards[:-1])} and {forwards[-1]}, {graphs} more graphs, each compiled once")
     validator = config.validator
     if not validator.enable:
         return f"training batches {shape} tokens, no validation{generation}"
