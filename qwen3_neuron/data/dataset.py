@@ -24,6 +24,7 @@ of rows dropped or skipped above it stops the run with a DataError naming the fi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -34,13 +35,24 @@ from torchtitan.tools.logging import logger
 
 from qwen3_neuron.data import row_loading
 from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conversation
-from qwen3_neuron.data.packing import SEQUENCE_IDS, Packer, Sample, document, fit, fit_pair, sequence_ids
+from qwen3_neuron.data.packing import (
+    MARGINS,
+    SEQUENCE_IDS,
+    Packer,
+    Sample,
+    document,
+    fit,
+    fit_pair,
+    scored_document,
+    sequence_ids,
+)
 from qwen3_neuron.data.preference import pair_tokens, row_pair
 from qwen3_neuron.data.prompts import PROMPT, ROW, prompt_tokens, row_columns
 from qwen3_neuron.data.row_loading import RowError, read_row
 from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.errors import DataError
 
+MARGINS_COLUMN = "margin"  # TRL's RewardTrainer's column name
 STAT_NAMES = (
     "rows", "documents", "truncated", "dropped", "split", "skipped", "tokens", "label_tokens", "padding_tokens",
     "pass_rows",
@@ -76,7 +88,8 @@ class PackedDataset(IterableDataset, Stateful):
         self._prompts = source.format == "prompts"  # one prompt a sample, generated from by the GRPO step
         pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         flow = source.format == "text" and source.overlong == "split"
-        self._packer = Packer(seq_len, pad_id, "flow" if flow else source.packing, source.pack_buffer)
+        self._scored = self._pairs and source.scored_pairs  # trainer=reward_model: scores at last tokens, margins
+        self._packer = Packer(seq_len, pad_id, "flow" if flow else source.packing, source.pack_buffer, self._scored)
         self._ready: list[Sample] = []  # packed, not yet handed out
         self._sample_idx = 0
         self._epoch = 0
@@ -106,23 +119,33 @@ class PackedDataset(IterableDataset, Stateful):
             return None, where
         return row, where or f"row {self._sample_idx} of rank {self.rank}'s share of {self.source.name()}"
 
-    def _pair(self, example: dict[str, Any]) -> list[tuple[list[int], list[int]]] | None:
-        """data=preference: the chosen and the rejected document of one row, fitted together."""
+    def _pair(self, example: dict[str, Any]) -> list[Sample]:
+        """data=preference: the samples the chosen and the rejected document of one row, fitted
+        together, complete."""
         row, where = self._read(example)
         if row is None:
-            return None
+            return []
         try:
-            documents = [document(*tokens) for tokens in pair_tokens(self._chat, row_pair(row, self.source))]
+            tokens = pair_tokens(self._chat, row_pair(row, self.source))
+            margin = row_margin(row) if self._scored else None
         except ChatFormatError as e:
             self._count("skipped", where, str(e))
-            return None
-        documents, fate, why = pair_fate(documents, self.seq_len, self.source.overlong)
+            return []
+        if self._scored:
+            documents, fate, why = scored_pair_fate([scored_document(t) for t, _ in tokens], self.seq_len)
+        else:
+            documents, fate, why = pair_fate([document(*t) for t in tokens], self.seq_len, self.source.overlong)
         if fate:
             self._count(fate, where, why)
         if documents is None:
-            return None
+            return []
         self.stats["documents"] += 2
-        return documents
+        if not self._scored:
+            return self._packer.add_together(documents)
+        chosen_length = len(documents[0][0])  # the margin sits where the chosen sequence is scored
+        values = [0.0] * (chosen_length + len(documents[1][0]))
+        values[chosen_length - 1] = margin
+        return self._packer.add_together(documents, values)
 
     def _prompt(self, example: dict[str, Any]) -> list:
         """data=prompts: one sample, the prompt's tokens padded to seq_len (its length beside them)
@@ -208,8 +231,7 @@ class PackedDataset(IterableDataset, Stateful):
                 if self._prompts:
                     self._ready += self._prompt(example)
                 elif self._pairs:
-                    pair = self._pair(example)
-                    self._ready += self._packer.add_together(pair) if pair else []
+                    self._ready += self._pair(example)
                 else:
                     doc = self._document(example)
                     self._ready += self._packer.add(*doc) if doc is not None else []
@@ -237,7 +259,7 @@ class PackedDataset(IterableDataset, Stateful):
 
     def _hand_out(self):
         while self._ready:
-            inputs, labels, positions, padding = self._ready.pop(0)
+            inputs, labels, positions, padding, *values = self._ready.pop(0)
             if self._prompts:  # (prompt length, the row's columns) where positions go
                 (length, columns), positions = positions, None
             self.stats["tokens"] += len(inputs)
@@ -251,12 +273,14 @@ class PackedDataset(IterableDataset, Stateful):
                           "positions": torch.tensor(positions, dtype=torch.long)}  # fmt: skip
             if self._pairs:
                 input_dict[SEQUENCE_IDS] = torch.tensor(sequence_ids(labels, positions), dtype=torch.long)
+            if values:
+                input_dict[MARGINS] = torch.tensor(values[0], dtype=torch.float32)
             yield input_dict, torch.tensor(labels, dtype=torch.long)
 
     def data_stats(self) -> dict[str, int]:
         """`stats`, and the documents read but not yet (or not wholly) in a sample handed out."""
         ready = len(self._ready) if self._prompts else sum(
-            positions.count(0) - (padding > 0) for _, _, positions, padding in self._ready)
+            positions.count(0) - (padding > 0) for _, _, positions, padding, *_ in self._ready)
         examples = {stat: list(rows) for stat, rows in self.examples.items() if rows}
         return {**self.stats, "buffered_documents": self._packer.waiting_documents() + ready, "examples": examples}
 
@@ -326,6 +350,29 @@ def document_fate(
     if overlong == "truncate":
         return fitted, "truncated", f"{len(tokens)} tokens, cut to training.seq_len {seq_len}"
     return fitted, "split", f"{len(tokens)} tokens, run on across training.seq_len {seq_len} samples"
+
+
+def row_margin(row: dict[str, Any]) -> float:
+    """TRL's optional `margin` column: how far the chosen score should lead the rejected one (0 without it)."""
+    margin = row.get(MARGINS_COLUMN)
+    if margin is None:
+        return 0.0
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
+        raise ChatFormatError(f"the {MARGINS_COLUMN!r} column is {margin!r}: a finite number (TRL's RewardTrainer "
+                              "subtracts it from the score gap), or leave it out")  # fmt: skip
+    return float(margin)
+
+
+def scored_pair_fate(
+    documents: list[tuple[list[int], list[int]]], seq_len: int
+) -> tuple[list[tuple[list[int], list[int]]] | None, str | None, str]:
+    """trainer=reward_model's pair, whole in one sample or dropped: a sequence is scored at its
+    last token, which a cut sequence no longer has (TRL drops pairs over max_length too)."""
+    length = sum(len(inputs) for inputs, _ in documents)
+    if length <= seq_len:
+        return documents, None, ""
+    return None, "dropped", (f"the pair is {length} tokens, training.seq_len {seq_len}: a reward model scores "
+                             "each sequence at its last token, so a pair is never cut")  # fmt: skip
 
 
 def pair_fate(

@@ -28,6 +28,11 @@ The packer places pieces: a piece is one document, or several (their positions e
 at 0) that must land in one sample; best fit places a piece by its whole length.
 
 A document longer than `seq_len` is handled before it gets here (`fit`).
+
+trainer=reward_model reads a score at each sequence's last token, so a pair's documents are
+`scored_document`s (every token an input, the last one's label the sequence's mark) and each
+piece carries a fourth list, a float per token (`values`: the pair's margin at its chosen
+sequence's mark), placed and padded with the labels.
 """
 
 from __future__ import annotations
@@ -37,15 +42,21 @@ from dataclasses import dataclass, field
 
 from torchtitan.components.loss import IGNORE_INDEX
 
-# (inputs, labels, positions, padding): one seq_len sample and how many of its tokens are padding
-Sample = tuple[list[int], list[int], list[int], int]
-Piece = tuple[list[int], list[int], list[int]]  # (inputs, labels, positions) placed together
+# (inputs, labels, positions, padding[, values]): one seq_len sample and how many of its tokens are padding
+Sample = tuple
+Piece = tuple  # (inputs, labels, positions[, values]) placed together
 
 
 def document(tokens: list[int], trained: list[bool]) -> tuple[list[int], list[int]]:
     """(inputs, labels) of one document: next-token pairs inside it, untrained targets ignored."""
     labels = [token if target else IGNORE_INDEX for token, target in zip(tokens[1:], trained[1:])]
     return tokens[:-1], labels
+
+
+def scored_document(tokens: list[int]) -> tuple[list[int], list[int]]:
+    """(inputs, labels) of a sequence scored at its last token (trainer=reward_model): every token
+    an input, no label but the last position's, which marks where the score is read."""
+    return list(tokens), [IGNORE_INDEX] * (len(tokens) - 1) + [tokens[-1]]
 
 
 def fit(inputs: list[int], labels: list[int], seq_len: int, overlong: str) -> tuple[list[int], list[int]] | None:
@@ -64,23 +75,26 @@ class Packer:
     pad_id: int
     packing: str = "best_fit"  # best_fit | greedy | none (data.packing), or flow
     buffer_size: int = 64  # best_fit: documents waiting before a sample is filled from them
+    values: bool = False  # pieces carry a float per token (trainer=reward_model's margins), padded with 0.0
     waiting: list[Piece] = field(default_factory=list)  # best_fit: longest first, in arrival order among equals
     # greedy / flow: the sample being filled
     inputs: list[int] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
+    floats: list[float] = field(default_factory=list)  # greedy, with values: the sample's values
 
     def add(self, inputs: list[int], labels: list[int]) -> list[Sample]:
         """Add one document; return the samples it completed."""
         return self._place((inputs, labels, list(range(len(inputs)))))
 
-    def add_together(self, documents: list[tuple[list[int], list[int]]]) -> list[Sample]:
+    def add_together(self, documents: list[tuple[list[int], list[int]]], values: list[float] | None = None) -> list[Sample]:
         """Add documents that must land in one sample (a preference pair), each with its own
-        positions; return the samples completed."""
+        positions (`values`: with `Packer.values`, a float per token of them all); return the
+        samples completed."""
         inputs = [token for doc_inputs, _ in documents for token in doc_inputs]
         labels = [label for _, doc_labels in documents for label in doc_labels]
         positions = [p for doc_inputs, _ in documents for p in range(len(doc_inputs))]
-        return self._place((inputs, labels, positions))
+        return self._place((inputs, labels, positions, values) if self.values else (inputs, labels, positions))
 
     def flush(self) -> list[Sample]:
         """Every sample still to make of what is buffered (end of the data), padded."""
@@ -89,13 +103,13 @@ class Packer:
             done.append(self._best_fit())
         if not self.inputs:
             return done
-        done.append(self._padded(self.inputs, self.labels, self.positions))
-        self.inputs, self.labels, self.positions = [], [], []
+        done.append(self._padded(self.inputs, self.labels, self.positions, *self._floats()))
+        self.inputs, self.labels, self.positions, self.floats = [], [], [], []
         return done
 
     def waiting_documents(self) -> int:
         """Documents read but not yet (or not wholly) in a sample."""
-        return sum(positions.count(0) for _, _, positions in self.waiting) + self.positions.count(0)
+        return sum(piece[2].count(0) for piece in self.waiting) + self.positions.count(0)
 
     def _place(self, piece: Piece) -> list[Sample]:
         if self.packing == "best_fit":
@@ -108,6 +122,7 @@ class Packer:
         self.inputs += piece[0]
         self.labels += piece[1]
         self.positions += piece[2]
+        self.floats += piece[3] if self.values else []
         while len(self.inputs) >= self.seq_len:
             done.append(self._take(self.seq_len))
         return done
@@ -123,28 +138,33 @@ class Packer:
             else:
                 left.append(piece)
         self.waiting = left
-        inputs, labels, positions = ([token for piece in chosen for token in piece[i]] for i in range(3))
-        return self._padded(inputs, labels, positions)
+        lists = ([token for piece in chosen for token in piece[i]] for i in range(4 if self.values else 3))
+        return self._padded(*lists)
 
-    def _padded(self, inputs: list[int], labels: list[int], positions: list[int]) -> Sample:
+    def _padded(self, inputs: list[int], labels: list[int], positions: list[int], *values: list[float]) -> Sample:
         pad = self.seq_len - len(inputs)
         # the padding is a document of its own: real tokens never attend to it
-        return inputs + [self.pad_id] * pad, labels + [IGNORE_INDEX] * pad, positions + list(range(pad)), pad
+        sample = (inputs + [self.pad_id] * pad, labels + [IGNORE_INDEX] * pad, positions + list(range(pad)), pad)
+        return sample + tuple(v + [0.0] * pad for v in values)
+
+    def _floats(self) -> tuple[list[float], ...]:
+        return (self.floats,) if self.values else ()
 
     def _take(self, n: int) -> Sample:
-        sample = (self.inputs[:n], self.labels[:n], _restart(self.positions[:n]), 0)
-        self.inputs, self.labels = self.inputs[n:], self.labels[n:]
+        sample = (self.inputs[:n], self.labels[:n], _restart(self.positions[:n]), 0, *(v[:n] for v in self._floats()))
+        self.inputs, self.labels, self.floats = self.inputs[n:], self.labels[n:], self.floats[n:]
         self.positions = _restart(self.positions[n:])
         return sample
 
     def state_dict(self) -> dict:
         # copies: the lists grow in place after the state is taken (waiting pieces never change)
         return {"waiting": list(self.waiting), "inputs": list(self.inputs), "labels": list(self.labels),
-                "positions": list(self.positions)}  # fmt: skip
+                "positions": list(self.positions), "floats": list(self.floats)}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.waiting = [tuple(piece) for piece in state["waiting"]]
         self.inputs, self.labels, self.positions = list(state["inputs"]), list(state["labels"]), list(state["positions"])
+        self.floats = list(state.get("floats", []))
 
 
 def fit_pair(documents: list[tuple[list[int], list[int]]], seq_len: int) -> list[tuple[list[int], list[int]]] | None:
@@ -160,6 +180,7 @@ def fit_pair(documents: list[tuple[list[int], list[int]]], seq_len: int) -> list
 
 
 SEQUENCE_IDS = "sequence_ids"  # the input_dict key carrying each label's sequence id (data=preference)
+MARGINS = "margins"  # the input_dict key of trainer=reward_model's per-token values: each pair's margin
 
 
 def sequence_ids(labels: list[int], positions: list[int]) -> list[int]:

@@ -122,5 +122,9 @@ class DataSource(SourceFields):
     weight: float = 1.0
     """data=mix: this source's share of the samples, against the other sources' weights."""
 
+    scored_pairs: bool = False
+    """data=preference for trainer=reward_model (set from the trainer, no data key): each sequence
+    whole, its score read at its last token, and the row's `margin` column (TRL's) carried."""
+
     def name(self) -> str:
         return self.hf_dataset or (self.files if isinstance(self.files, str) else ",".join(self.files or []))

@@ -24,12 +24,13 @@ DATA_CACHE_DIR = "data_cache"  # in the run dir: datasets' Arrow cache of local 
 SOURCE_FIELDS = tuple(f.name for f in dataclasses.fields(SourceFields))  # the defaults of each source
 
 
-def apply_data(config: Trainer.Config, data: DataSettings, run_dir: Path) -> None:
-    """Set `config.dataloader` (and the validator's) from the data section, for packed kinds."""
+def apply_data(config: Trainer.Config, data: DataSettings, run_dir: Path, scored_pairs: bool = False) -> None:
+    """Set `config.dataloader` (and the validator's) from the data section, for packed kinds
+    (`scored_pairs`: trainer=reward_model's pairs, `DataSource.scored_pairs`)."""
     if data.kind not in PACKED_KINDS:
         _refuse_unused(data)
         return
-    train_sources = training_sources(data)
+    train_sources = [dataclasses.replace(s, scored_pairs=scored_pairs) for s in training_sources(data)]
     cache_dir = str(Path(run_dir) / DATA_CACHE_DIR)
     common = {"streaming": data.streaming, "cache_dir": cache_dir}
     config.dataloader = PackedDataLoader.Config(sources=train_sources, role="train", **common)

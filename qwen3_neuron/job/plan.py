@@ -116,7 +116,7 @@ def make_plan(
         notes.extend(_check_lora(config, settings, world_size, warn, model_on_meta))
     parameters = parameter_counts(model_on_meta)
     # DPO's reference, and GRPO's KL reference with beta > 0: finetune=full keeps the starting weights
-    reference = settings.data.kind == "preference" or (settings.data.kind == "prompts" and settings.grpo.beta > 0)
+    reference = settings.trainer.name == "dpo" or (settings.data.kind == "prompts" and settings.grpo.beta > 0)
     frozen_reference = reference and settings.finetune.method == "full"
     logprobs = settings.data.kind in ("preference", "prompts")  # DPO's and GRPO's loss
     grpo = None
@@ -222,8 +222,9 @@ def _loads_starting_weights(checkpoint) -> bool:
 
 
 def _check_preference(config: Trainer.Config, settings: Settings, world_size: int) -> None:
-    """data=preference: DPO tunes a model that already answers, against that model as it started."""
-    if not _loads_starting_weights(config.checkpoint):
+    """data=preference: DPO tunes a model that already answers, against that model as it started
+    (a reward model may start from any weights); every trainer reads whole sequences on one rank."""
+    if settings.trainer.name == "dpo" and not _loads_starting_weights(config.checkpoint):
         raise ConfigError(
             "data=preference tunes a model against itself as it starts (the DPO reference), but nothing "
             "loads weights: it would start from a random init. Add checkpointing=from_hf (e.g. "
@@ -235,7 +236,8 @@ def _check_preference(config: Trainer.Config, settings: Settings, world_size: in
         if degree > 1:
             raise ConfigError(
                 f"data=preference with {name} parallelism (degree {degree}) is not supported: a pair's "
-                "log-probabilities are summed over whole sequences on one rank. Use parallelism=fsdp."
+                "log-probabilities (trainer=reward_model: its scores) are read over whole sequences on one "
+                "rank. Use parallelism=fsdp."
             )
 
 

@@ -256,6 +256,16 @@ class PreferenceSettings:
 
 
 @dataclass(kw_only=True)
+class RewardModelSettings:
+    """trainer=reward_model: a scalar score head trained on preference pairs, TRL's RewardTrainer's
+    loss and names (Bradley-Terry; a row's `margin` column is subtracted from the score gap)."""
+
+    center_rewards_coefficient: float | None = None
+    """Weight of TRL's centring term, the mean of (chosen + rejected)^2 over the pairs, which keeps
+    the scores near 0 (Eisenstein et al. 2023 use 0.01); null: none (TRL's default)."""
+
+
+@dataclass(kw_only=True)
 class TrackingSettings:
     """The `tracking` section: where a run is recorded besides its run dir."""
 
@@ -340,6 +350,7 @@ class Settings:
     trainer: TrainerSettings
     preference: PreferenceSettings
     grpo: GRPOSettings
+    reward_model: RewardModelSettings
     tracking: TrackingSettings
 
 
@@ -362,6 +373,7 @@ SECTIONS: dict[str, type] = {
     "trainer": TrainerSettings,
     "preference": PreferenceSettings,
     "grpo": GRPOSettings,
+    "reward_model": RewardModelSettings,
     "tracking": TrackingSettings,
 }
 
@@ -402,6 +414,7 @@ def check_settings(settings: Settings, device: str) -> None:
     _check_trainer(settings)
     _check_preference(settings)
     _check_grpo(settings)
+    _check_reward_model(settings)
     check_objective(settings.run.objective, settings.eval)
     _check_objective_data(settings)
     check_tracking(settings.tracking)
@@ -493,6 +506,19 @@ def _check_preference(settings: Settings) -> None:
         raise ConfigError("preference.precompute_reference=true is not built yet: the reference is the model "
                           "with its adapters off (finetune=lora) or a frozen copy of the starting weights "
                           "(finetune=full).")  # fmt: skip
+
+
+def _check_reward_model(settings: Settings) -> None:
+    """The reward_model section only where it is used, its coefficient not negative."""
+    coefficient = settings.reward_model.center_rewards_coefficient
+    if settings.trainer.name != "reward_model":
+        if coefficient is not None:
+            raise ConfigError(f"reward_model.center_rewards_coefficient applies to trainer=reward_model (this is "
+                              f"trainer={settings.trainer.name}).")  # fmt: skip
+        return
+    if coefficient is not None and not coefficient >= 0:
+        raise ConfigError(f"reward_model.center_rewards_coefficient must be >= 0 (null: no centring term), got "
+                          f"{coefficient}.")  # fmt: skip
 
 
 def _check_grpo(settings: Settings) -> None:

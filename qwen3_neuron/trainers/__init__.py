@@ -16,6 +16,7 @@ TRAINERS = {
     "sft": ("qwen3_neuron.trainers.base:SFTTrainer", ("tiny", "c4", "text", "chat", "mix")),
     "dpo": ("qwen3_neuron.trainers.preference:DPOTrainer", ("preference",)),
     "grpo": ("qwen3_neuron.trainers.grpo:GRPOTrainer", ("prompts",)),
+    "reward_model": ("qwen3_neuron.trainers.reward_model:RewardModelTrainer", ("preference",)),
 }
 
 
