@@ -24,7 +24,6 @@ from typing import Any
 
 LM_HEAD_KEY = "lm_head.weight"
 SCORE_KEY = "score.weight"
-SCORE_MODULES = ["score"]  # PEFT's modules_to_save
 
 
 def sequence_classification_config(config: dict[str, Any], pad_token_id: int | None) -> dict[str, Any]:

@@ -123,7 +123,8 @@ def make_plan(
     if settings.data.kind == "prompts":
         kept = int(settings.grpo.num_iterations > 1) + int(settings.grpo.beta > 0)
         completions = config.training.local_batch_size * _accumulation_steps(config, world_size)
-        grpo = GrpoMemory(static_cache=config.compile.enable, completions=completions, kept_logprobs=kept)
+        grpo = GrpoMemory(static_cache=config.compile.enable, completions=completions, kept_logprobs=kept,
+                          reward_models=reward_model_bytes(rewards))  # fmt: skip
     memory = estimate_memory(config, world_size, device, nproc, model_on_meta, frozen_reference, logprobs,
                              model_dir, grpo)
     refusal = None
@@ -245,9 +246,13 @@ def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int):
     """data=prompts: GRPO samples from a model that already writes, in whole groups per rank.
     Returns the reward functions (their columns are checked against the first rows)."""
     from qwen3_neuron.rewards.calls import load_rewards
+    from qwen3_neuron.rewards.sequence_classifier import RewardModel, check_reward_model
 
     grpo = settings.grpo
     rewards = load_rewards(grpo.rewards, grpo.reward_weights)  # importable, callable, one weight each
+    for function in rewards.functions:
+        if isinstance(function, RewardModel):  # a reward model dir: read with the policy's tokenizer
+            check_reward_model(function, config.hf_assets_path)
     if not _loads_starting_weights(config.checkpoint):
         raise ConfigError(
             "data=prompts samples completions from the model and rewards the better ones, but nothing loads "
@@ -267,6 +272,13 @@ def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int):
             f"{grpo.num_generations}: make it a multiple (e.g. training.local_batch_size={grpo.num_generations})."
         )
     return rewards
+
+
+def reward_model_bytes(rewards) -> int:
+    """The weights of the reward models among the rewards: every rank holds them all run."""
+    from qwen3_neuron.rewards.sequence_classifier import RewardModel
+
+    return sum(f.parameter_bytes() for f in rewards.functions if isinstance(f, RewardModel))
 
 
 def _samples_taken(config: Trainer.Config, settings, world_size: int) -> int:

@@ -95,7 +95,7 @@ class GRPOStep(Stateful):
         self.trainer, self.grpo, self.seed = trainer, grpo, seed
         # the KL's reference: finetune=lora's model with its adapters off; finetune=full's a frozen copy
         self.frozen = FrozenReference(trainer.model_parts[0]) if grpo.beta and not lora else None
-        self.rewards = load_rewards(grpo.rewards, grpo.reward_weights)
+        self.rewards = load_rewards(grpo.rewards, grpo.reward_weights, device=trainer.device)
         tokenizer = trainer.tokenizer
         self.tokenizer = tokenizer
         self.end_id = tokenizer.tokenizer.token_to_id(END_OF_TURN)
