@@ -113,6 +113,24 @@ def test_a_scored_pair_keeps_every_token_marks_its_last_and_carries_its_margin(a
     assert short.stats["dropped"] == 3 and "a pair is never cut" in short.examples["dropped"][0]
 
 
+def test_held_out_pairs_are_each_scored_once_before_they_come_round_again(assets):
+    """torchtitan's Validator re-loops its data when it takes a fixed number of steps: a held-out set
+    smaller than the packing buffer is packed whole each pass, not refilled with copies of itself."""
+    source = DataSource(format="preference", prompt_field="prompt", files=str(assets.preference_validation_file),
+                        scored_pairs=True)  # fmt: skip
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(assets.tokenizer_dir))
+    rows = len(assets.preference_validation_file.read_text().splitlines())
+    for rank in range(2):
+        dataset = PackedDataset(source, tokenizer, seq_len=128, dp_rank=rank, dp_world_size=2, role="validation")
+        seen = []
+        for input_dict, _ in dataset:
+            tokens, marks = input_dict["input"].tolist(), input_dict[SEQUENCE_IDS].tolist()
+            seen += [tuple(tokens[:i + 1]) for i, mark in enumerate(marks) if mark >= 0 and mark % 2 == 0]
+            if len(seen) >= rows // 2:
+                break
+        assert len(set(seen[:rows // 2])) == rows // 2  # the rank's 14 pairs, each once
+
+
 # ---- the trained reward model ----------------------------------------------------------------------
 
 STEPS = 8

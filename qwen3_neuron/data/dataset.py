@@ -81,6 +81,7 @@ class PackedDataset(IterableDataset, Stateful):
         self._original_data = row_loading.shard(rows, dp_rank, dp_world_size)
         self._data = self._original_data
         self.source, self.seq_len, self.infinite, self.rank = source, seq_len, infinite, dp_rank
+        self._validation = role == "validation"
         self._tokenizer = tokenizer
         chat = source.format != "text"
         self._chat = ChatRenderer(tokenizer, source.train_on_prompt, source.thinking) if chat else None
@@ -255,7 +256,13 @@ class PackedDataset(IterableDataset, Stateful):
                     f"data source {self.source.name()} has no rows for data-parallel rank {self.rank} "
                     "(fewer rows than ranks, or an empty carve)"
                 )
-            self.reloop()  # what the packer holds waits for the next pass's documents
+            if self._validation:
+                # held out: each pass packed whole before the rows go round again (a set smaller than
+                # the packing buffer would fill it with copies of itself, and best fit would hand out
+                # its longest document again and again)
+                self._ready += self._packer.flush()
+                yield from self._hand_out()
+            self.reloop()  # training: what the packer holds waits for the next pass's documents
 
     def _hand_out(self):
         while self._ready:
