@@ -141,10 +141,6 @@ def reward_model_run(tmp_path_factory, assets):
     """trainer=reward_model on the tiny HF dir with LoRA, 2 gloo ranks, float32 parameters (so the
     run's scores compare with Transformers' at float32's precision): the held-out pairs validated
     at steps 1 and 8, the PEFT adapter and the merged Qwen3ForSequenceClassification exported."""
-    import os
-    if os.environ.get("DEV_RM_RUN"):
-        from pathlib import Path
-        return Path(os.environ["DEV_RM_RUN"])
     return trained(tmp_path_factory.mktemp("reward-model") / "run",
                    "model=hf", f"model.hf_model={assets.tiny_qwen3_dir}", "finetune=lora",
                    "checkpointing=[from_hf,export_hf]", "data=preference", "trainer=reward_model",
@@ -214,7 +210,8 @@ def test_the_export_and_the_adapter_load_as_a_sequence_classifier_and_score_as_t
     bound = _bound(merged, run_scores)
     assert (_scores(merged, sequences) - run_scores).abs().max() <= bound
     assert (_scores(with_adapter, sequences) - run_scores).abs().max() <= bound
-    assert len(held_out) >= 8 and all(r["chosen"] > r["rejected"] for r in held_out)
+    assert len({tuple(r["chosen_ids"]) for r in held_out}) == len(held_out) >= 8  # distinct held-out pairs
+    assert all(r["chosen"] > r["rejected"] for r in held_out)
 
 
 @pytest.mark.numerics
@@ -244,6 +241,27 @@ def test_the_export_as_a_grpo_reward_mixes_with_a_python_reward_by_weight(reward
     assert (scores[:3, 0] > scores[3:, 0]).all()  # the reward model prefers the chosen replies it learned
     assert not any(p.requires_grad for p in rewards.functions[0]._model.parameters())
     assert not rewards.functions[0]._model.training
+
+
+def test_an_untied_lm_head_is_left_out_of_the_export_and_the_head_joins_the_last_file(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from qwen3_neuron.hf_io.reward_model_export import write_scored_weights
+
+    save, out = tmp_path / "step-8", tmp_path / "export"
+    save.mkdir(), out.mkdir()
+    save_file({"model.embed_tokens.weight": torch.ones(4, 2)}, str(save / "model-00001-of-00002.safetensors"))
+    save_file({"model.norm.weight": torch.ones(2), "lm_head.weight": torch.ones(4, 2)},
+              str(save / "model-00002-of-00002.safetensors"))  # fmt: skip
+    save_file({"score.weight": torch.full((1, 2), 0.5)}, str(tmp_path / "score.safetensors"))
+    write_scored_weights(save, tmp_path / "score.safetensors", out, "bfloat16")
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                                   "model.norm.weight": "model-00002-of-00002.safetensors",
+                                   "score.weight": "model-00002-of-00002.safetensors"}  # fmt: skip
+    head = load_file(out / "model-00002-of-00002.safetensors")["score.weight"]
+    assert head.dtype == torch.bfloat16 and head.tolist() == [[0.5, 0.5]]
+    assert index["metadata"]["total_size"] == 4 * 2 * 4 + 2 * 4 + 2 * 2
 
 
 def test_the_plan_counts_a_reward_model_and_refuses_one_that_is_not(reward_model_run, assets, tmp_path):
@@ -330,6 +348,6 @@ def test_the_native_scored_models_forward_is_the_head_on_the_last_hidden_states(
      "reward_model.center_rewards_coefficient must be >= 0"),
     (("data=chat", "trainer=reward_model"), "trainer=reward_model trains on data=preference rows"),
 ])  # fmt: skip
-def test_the_reward_model_section_is_refused_where_it_does_not_apply(overrides, error):
+def test_the_reward_model_section_is_refused_where_it_does_not_apply(assets, overrides, error):
     with pytest.raises(ConfigError, match=error):
         compose_job("device=cpu", *overrides).settled()
