@@ -21,9 +21,9 @@ from pathlib import Path
 from torchtitan.trainer import Trainer
 
 from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, renders_tools, row_conversation
-from qwen3_neuron.data.dataset import carved, document_fate, pair_fate, untrained_advice
+from qwen3_neuron.data.dataset import carved, document_fate, pair_fate, row_margin, scored_pair_fate, untrained_advice
 from qwen3_neuron.data.loader import PackedDataLoader
-from qwen3_neuron.data.packing import Packer, document
+from qwen3_neuron.data.packing import Packer, document, scored_document
 from qwen3_neuron.data.preference import pair_tokens, row_pair, row_units, unit_tokens
 from qwen3_neuron.data.prompts import prompt_field, prompt_tokens
 from qwen3_neuron.data.row_loading import RowError, first_rows, is_validation_row
@@ -178,6 +178,9 @@ def _check_source(
         def fate(row):
             pair = row_pair(row, source)
             _check_pair(renderer, pair, seq_len, key)
+            if source.scored_pairs:  # trainer=reward_model: pairs whole, a margin a number (as the workers take them)
+                row_margin(row)
+                return scored_pair_fate([scored_document(tokens) for tokens, _ in pair_tokens(renderer, pair)], seq_len)
             return pair_fate([document(*tokens) for tokens in pair_tokens(renderer, pair)], seq_len, source.overlong)
     elif source.format == "kto":
         def fate(row):  # each unit with its own completion where its KL estimate's mismatched one will be

@@ -25,6 +25,7 @@ it stops the run with a DataError naming the first of them (a validation loader'
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -35,13 +36,25 @@ from torchtitan.tools.logging import logger
 
 from qwen3_neuron.data import row_loading
 from qwen3_neuron.data.chat_rows import ChatFormatError, ChatRenderer, row_conversation
-from qwen3_neuron.data.packing import DESIRABLE, SEQUENCE_IDS, Packer, Sample, document, fit, fit_pair, sequence_ids
+from qwen3_neuron.data.packing import (
+    DESIRABLE,
+    MARGINS,
+    SEQUENCE_IDS,
+    Packer,
+    Sample,
+    document,
+    fit,
+    fit_pair,
+    scored_document,
+    sequence_ids,
+)
 from qwen3_neuron.data.preference import Unit, pair_tokens, row_pair, row_units, unit_tokens
 from qwen3_neuron.data.prompts import PROMPT, ROW, prompt_tokens, row_columns
 from qwen3_neuron.data.row_loading import RowError, read_row
 from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.errors import DataError
 
+MARGINS_COLUMN = "margin"  # TRL's RewardTrainer's column name
 STAT_NAMES = (
     "rows", "documents", "truncated", "dropped", "split", "skipped", "tokens", "label_tokens", "padding_tokens",
     "pass_rows",
@@ -70,6 +83,7 @@ class PackedDataset(IterableDataset, Stateful):
         self._original_data = row_loading.shard(rows, dp_rank, dp_world_size)
         self._data = self._original_data
         self.source, self.seq_len, self.infinite, self.rank, self.role = source, seq_len, infinite, dp_rank, role
+        self._validation = role == "validation"
         self._tokenizer = tokenizer
         chat = source.format != "text"
         self._chat = ChatRenderer(tokenizer, source.train_on_prompt, source.thinking) if chat else None
@@ -82,6 +96,7 @@ class PackedDataset(IterableDataset, Stateful):
         self._prompts = source.format == "prompts"  # one prompt a sample, generated from by the GRPO step
         pad_id = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         flow = source.format == "text" and source.overlong == "split"
+        self._scored = self._pairs and source.scored_pairs  # trainer=reward_model: scores at last tokens, margins
         self._packer = Packer(seq_len, pad_id, "flow" if flow else source.packing, source.pack_buffer)
         self._ready: list[Sample] = []  # packed, not yet handed out
         self._sample_idx = 0
@@ -112,23 +127,30 @@ class PackedDataset(IterableDataset, Stateful):
             return None, where
         return row, where or f"row {self._sample_idx} of rank {self.rank}'s share of {self.source.name()}"
 
-    def _pair(self, example: dict[str, Any]) -> list[tuple[list[int], list[int]]] | None:
-        """data=preference: the chosen and the rejected document of one row, fitted together."""
+    def _pair(self, example: dict[str, Any]) -> list[Sample]:
+        """data=preference: the samples the chosen and the rejected document of one row, fitted
+        together, complete."""
         row, where = self._read(example)
         if row is None:
-            return None
+            return []
         try:
-            documents = [document(*tokens) for tokens in pair_tokens(self._chat, row_pair(row, self.source))]
+            tokens = pair_tokens(self._chat, row_pair(row, self.source))
+            margin = row_margin(row) if self._scored else None
         except ChatFormatError as e:
             self._count("skipped", where, str(e))
-            return None
-        documents, fate, why = pair_fate(documents, self.seq_len, self.source.overlong)
+            return []
+        if self._scored:
+            documents, fate, why = scored_pair_fate([scored_document(t) for t, _ in tokens], self.seq_len)
+        else:
+            documents, fate, why = pair_fate([document(*t) for t in tokens], self.seq_len, self.source.overlong)
         if fate:
             self._count(fate, where, why)
         if documents is None:
-            return None
+            return []
         self.stats["documents"] += 2
-        return documents
+        if not self._scored:
+            return self._packer.add_together(documents)
+        return self._packer.add_together(documents, marks=[margin, 0.0])  # read where the chosen one is scored
 
     def _units(self, example: dict[str, Any]) -> list[Sample]:
         """trainer=kto: the samples completed by placing the row's units (one, or a pair's two),
@@ -263,8 +285,7 @@ class PackedDataset(IterableDataset, Stateful):
                 elif self._kto:
                     self._ready += self._units(example)
                 elif self._pairs:
-                    pair = self._pair(example)
-                    self._ready += self._packer.add_together(pair) if pair else []
+                    self._ready += self._pair(example)
                 else:
                     doc = self._document(example)
                     self._ready += self._packer.add(*doc) if doc is not None else []
@@ -291,7 +312,13 @@ class PackedDataset(IterableDataset, Stateful):
                     f"data source {self.source.name()} has no rows for data-parallel rank {self.rank} "
                     "(fewer rows than ranks, or an empty carve)"
                 )
-            self.reloop()  # what the packer holds waits for the next pass's documents
+            if self._validation:
+                # held out: each pass packed whole before the rows go round again (a set smaller than
+                # the packing buffer would fill it with copies of itself, and best fit would hand out
+                # its longest document again and again)
+                self._ready += self._packer.flush()
+                yield from self._hand_out()
+            self.reloop()  # training: what the packer holds waits for the next pass's documents
 
     def _hand_out(self):
         while self._ready:
@@ -309,8 +336,9 @@ class PackedDataset(IterableDataset, Stateful):
                           "positions": torch.tensor(positions, dtype=torch.long)}  # fmt: skip
             if self._pairs:
                 input_dict[SEQUENCE_IDS] = torch.tensor(sequence_ids(labels, positions), dtype=torch.long)
-            if marks:
-                input_dict[DESIRABLE] = torch.tensor(marks[0], dtype=torch.long)
+            if marks:  # trainer=kto: which labels are a desirable completion's; reward_model: each pair's margin
+                key, dtype = (MARGINS, torch.float32) if self._scored else (DESIRABLE, torch.long)
+                input_dict[key] = torch.tensor(marks[0], dtype=dtype)
             yield input_dict, torch.tensor(labels, dtype=torch.long)
 
     def data_stats(self) -> dict[str, int]:
@@ -403,6 +431,29 @@ def document_fate(
     if overlong == "truncate":
         return fitted, "truncated", f"{len(tokens)} tokens, cut to training.seq_len {seq_len}"
     return fitted, "split", f"{len(tokens)} tokens, run on across training.seq_len {seq_len} samples"
+
+
+def row_margin(row: dict[str, Any]) -> float:
+    """TRL's optional `margin` column: how far the chosen score should lead the rejected one (0 without it)."""
+    margin = row.get(MARGINS_COLUMN)
+    if margin is None:
+        return 0.0
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
+        raise ChatFormatError(f"the {MARGINS_COLUMN!r} column is {margin!r}: a finite number (TRL's RewardTrainer "
+                              "subtracts it from the score gap), or leave it out")  # fmt: skip
+    return float(margin)
+
+
+def scored_pair_fate(
+    documents: list[tuple[list[int], list[int]]], seq_len: int
+) -> tuple[list[tuple[list[int], list[int]]] | None, str | None, str]:
+    """trainer=reward_model's pair, whole in one sample or dropped: a sequence is scored at its
+    last token, which a cut sequence no longer has (TRL drops pairs over max_length too)."""
+    length = sum(len(inputs) for inputs, _ in documents)
+    if length <= seq_len:
+        return documents, None, ""
+    return None, "dropped", (f"the pair is {length} tokens, training.seq_len {seq_len}: a reward model scores "
+                             "each sequence at its last token, so a pair is never cut")  # fmt: skip
 
 
 def pair_fate(

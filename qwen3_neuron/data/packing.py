@@ -26,10 +26,14 @@ no sample is padded but the very last.
 
 The packer places pieces: a piece is one document, or several (their positions each restarting
 at 0) that must land in one sample; best fit places a piece by its whole length. A piece may carry
-per-token marks (trainer=kto: which labels are a desirable completion's), placed with its tokens:
-its samples then carry them too, 0 on every other token.
+a mark per document on each of its tokens (trainer=kto: which labels are a desirable completion's;
+trainer=reward_model: the pair's margin on its chosen sequence), placed with its tokens: its
+samples then carry them too, 0 on every other token.
 
 A document longer than `seq_len` is handled before it gets here (`fit`).
+
+trainer=reward_model reads a score at each sequence's last token, so a pair's documents are
+`scored_document`s (every token an input, the last one's label the sequence's mark).
 """
 
 from __future__ import annotations
@@ -49,6 +53,12 @@ def document(tokens: list[int], trained: list[bool]) -> tuple[list[int], list[in
     """(inputs, labels) of one document: next-token pairs inside it, untrained targets ignored."""
     labels = [token if target else IGNORE_INDEX for token, target in zip(tokens[1:], trained[1:])]
     return tokens[:-1], labels
+
+
+def scored_document(tokens: list[int]) -> tuple[list[int], list[int]]:
+    """(inputs, labels) of a sequence scored at its last token (trainer=reward_model): every token
+    an input, no label but the last position's, which marks where the score is read."""
+    return list(tokens), [IGNORE_INDEX] * (len(tokens) - 1) + [tokens[-1]]
 
 
 def fit(inputs: list[int], labels: list[int], seq_len: int, overlong: str) -> tuple[list[int], list[int]] | None:
@@ -181,6 +191,7 @@ def fit_pair(documents: list[tuple[list[int], list[int]]], seq_len: int) -> list
 
 SEQUENCE_IDS = "sequence_ids"  # the input_dict key carrying each label's sequence id (data=preference)
 DESIRABLE = "desirable"  # trainer=kto: the input_dict key marking the labels of desirable completions (1)
+MARGINS = "margins"  # the input_dict key of trainer=reward_model's per-token values: each pair's margin
 
 
 def sequence_ids(labels: list[int], positions: list[int]) -> list[int]:

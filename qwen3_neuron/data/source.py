@@ -136,6 +136,9 @@ class DataSource(SourceFields):
     tools: list[dict] | None = None
     """data=prompts: the schemas of GRPO's tools (`grpo.tools`, `grpo.environment`'s methods), which
     every prompt is rendered with besides its row's own; set from the grpo section, not a data key."""
+    scored_pairs: bool = False
+    """data=preference for trainer=reward_model (set from the trainer, no data key): each sequence
+    whole, its score read at its last token, and the row's `margin` column (TRL's) carried."""
 
     def name(self) -> str:
         return self.hf_dataset or (self.files if isinstance(self.files, str) else ",".join(self.files or []))

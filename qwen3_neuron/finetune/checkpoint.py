@@ -1,5 +1,5 @@
-"""finetune=lora checkpoints: the adapters (with optimizer, lr scheduler, data position, step),
-never the frozen base.
+"""finetune=lora checkpoints: the adapters (and a reward model's score head, trained whole beside
+them; with optimizer, lr scheduler, data position, step), never the frozen base.
 
 torchtitan's `CheckpointManager` saves `ModelWrapper(model_parts)`: every weight. Under LoRA the
 base never changes and is loaded at every start anyway (checkpointing=from_hf, which the plan
@@ -23,13 +23,20 @@ from torchtitan.tools import filesystem
 from torchtitan.tools.logging import logger
 
 from qwen3_neuron.finetune.adapter_save import is_adapter_key
+from qwen3_neuron.finetune.names import MODULES_TO_SAVE
 
 
 class AdapterModelWrapper(ModelWrapper):
-    """The model's LoRA adapters only (torchtitan's canonical keys)."""
+    """The model's LoRA adapters and the modules trained whole beside them (a reward model's score
+    head) only (torchtitan's canonical keys)."""
 
     def _get_state_dict(self):
-        return {key: value for key, value in super()._get_state_dict().items() if is_adapter_key(key)}
+        return {key: value for key, value in super()._get_state_dict().items() if is_trained_key(key)}
+
+
+def is_trained_key(key: str) -> bool:
+    """A LoRA run's trained weight: an adapter's, or one of a module saved whole (`MODULES_TO_SAVE`)."""
+    return is_adapter_key(key) or key.split(".", 1)[0] in MODULES_TO_SAVE
 
 
 class LoRACheckpointManager(CheckpointManager):

@@ -61,8 +61,9 @@ def covered_hf_modules(peft_state: dict[str, torch.Tensor]) -> list[str]:
     return sorted({key.split(".")[-3] for key in peft_state})
 
 
-def lora_config(finetune, target_modules: list[str], base_model: str | None):
-    """PEFT's own LoraConfig for these adapters (written with its `save_pretrained`)."""
+def lora_config(finetune, target_modules: list[str], base_model: str | None, modules_to_save: list[str] | None = None):
+    """PEFT's own LoraConfig for these adapters (written with its `save_pretrained`); with
+    `modules_to_save` (a reward model's score head, trained whole) a sequence classifier's."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -71,7 +72,8 @@ def lora_config(finetune, target_modules: list[str], base_model: str | None):
         lora_dropout=finetune.dropout,
         target_modules=target_modules,
         bias="none",
-        task_type="CAUSAL_LM",
+        task_type="SEQ_CLS" if modules_to_save else "CAUSAL_LM",
+        modules_to_save=modules_to_save,
         base_model_name_or_path=base_model,
     )
 

@@ -4,7 +4,8 @@ The run's last HF save (`checkpoint/step-N/`, torchtitan's) holds the frozen bas
 workers wrote the trained adapters beside it (`finetune.adapter_save`). From the two:
 
 - `hf_adapter/`: `adapter_config.json` (PEFT's own `LoraConfig.save_pretrained`) and
-  `adapter_model.safetensors` in PEFT's keys (`finetune.peft_format`), in `export_dtype`;
+  `adapter_model.safetensors` in PEFT's keys (`finetune.peft_format`), in `export_dtype`
+  (trainer=reward_model: with the score head, `hf_io.reward_model_export`);
   `peft.PeftModel.from_pretrained(base, dir)` loads it onto the base it was trained from, which
   `base_model_name_or_path` names (the HF dir the run loaded, when it loaded one);
 - `hf_export/` (unless `finetune.merge_export=false`): the base with W + alpha/r B A merged in,
@@ -23,6 +24,7 @@ from pathlib import Path
 from qwen3_neuron.assets.atomic_dir import building
 from qwen3_neuron.errors import ExportError
 from qwen3_neuron.finetune.adapter_save import ADAPTER_SUBDIR, raw_adapter_path
+from qwen3_neuron.finetune.names import MODULES_TO_SAVE
 from qwen3_neuron.finetune.peft_format import (
     ADAPTER_WEIGHTS_FILE,
     PEFT_PREFIX,
@@ -32,6 +34,8 @@ from qwen3_neuron.finetune.peft_format import (
     to_peft,
 )
 from qwen3_neuron.hf_io.export import EXPORT_DIR_NAME, export_hf_model, last_hf_save, remove_hf_save
+from qwen3_neuron.hf_io.reward_model_export import peft_head
+from qwen3_neuron.models.score_head import score_head_path
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +54,12 @@ def export_lora(trainer_config, run_dir: Path, finetune, export_dir: str | None 
         raise ExportError(f"{raw}: the workers wrote no adapters beside the last HF save.")
     dtype = _torch_dtype(trainer_config.checkpoint.export_dtype)
     peft_state = to_peft(load_file(raw), trainer_config.model_spec, trainer_config.hf_assets_path)
-    peft_state = {key: value.to(dtype) for key, value in peft_state.items()}
+    head = score_head_path(step_dir)  # trainer=reward_model: the score head, trained whole
+    saved_whole = peft_head(head, PEFT_PREFIX) if head.is_file() else {}
+    peft_state = {key: value.to(dtype) for key, value in {**peft_state, **saved_whole}.items()}
     adapter_dir = run_dir / ADAPTER_DIR_NAME
     with building(adapter_dir) as tmp_dir:
-        write_adapter(peft_state, finetune, _base_model(trainer_config), tmp_dir)
+        write_adapter(peft_state, finetune, _base_model(trainer_config), tmp_dir, sequence_classification=bool(saved_whole))
     logger.info("exported the LoRA adapter to %s", adapter_dir)
     if not finetune.merge_export:
         remove_hf_save(checkpoint_dir, step_dir)
@@ -69,11 +75,15 @@ def export_lora(trainer_config, run_dir: Path, finetune, export_dir: str | None 
     return {"adapter_dir": str(adapter_dir), "export_dir": str(target)}
 
 
-def write_adapter(peft_state: dict, finetune, base_model: str | None, out_dir: Path) -> None:
-    """adapter_config.json (PEFT's LoraConfig.save_pretrained) + adapter_model.safetensors."""
+def write_adapter(peft_state: dict, finetune, base_model: str | None, out_dir: Path,
+                  sequence_classification: bool = False) -> None:  # fmt: skip
+    """adapter_config.json (PEFT's LoraConfig.save_pretrained) + adapter_model.safetensors
+    (`sequence_classification`: the score head among them, PEFT's `modules_to_save`)."""
     from safetensors.torch import save_file
 
-    lora_config(finetune, covered_hf_modules(peft_state), base_model).save_pretrained(str(out_dir))
+    adapters = {key: value for key, value in peft_state.items() if ".lora_" in key}
+    saved_whole = list(MODULES_TO_SAVE) if sequence_classification else None
+    lora_config(finetune, covered_hf_modules(adapters), base_model, saved_whole).save_pretrained(str(out_dir))
     save_file(peft_state, str(Path(out_dir) / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
 
 

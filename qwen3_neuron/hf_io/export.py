@@ -39,8 +39,10 @@ from qwen3_neuron.assets.atomic_dir import building
 from qwen3_neuron.errors import ExportError, UnsupportedModel
 from qwen3_neuron.hf_backend import HF_BACKEND_NAME
 from qwen3_neuron.hf_io.generation import GENERATION_CONFIG_FILE, stop_at_end_of_turn
+from qwen3_neuron.hf_io.reward_model_export import sequence_classification_config, write_scored_weights
 from qwen3_neuron.hf_io.verify import check_model_dir
 from qwen3_neuron.models.hf.model_dir import CONFIG_FILE, INDEX_FILE, native_architecture
+from qwen3_neuron.models.score_head import score_head_path
 
 logger = logging.getLogger(__name__)
 
@@ -83,15 +85,23 @@ def export_hf_model(trainer_config, export_dir: Path, weights_dir: Path | None =
     step, step_dir = last_hf_save(checkpoint_dir)
     export_dtype = trainer_config.checkpoint.export_dtype
     export_dir = Path(export_dir)
+    head = score_head_path(step_dir)  # trainer=reward_model: a sequence-classification model
+    scored = head.is_file()
     with building(export_dir) as tmp_dir:
-        _write_weights(weights_dir or step_dir, tmp_dir)
         config = _hf_config(trainer_config)
+        if scored:
+            write_scored_weights(weights_dir or step_dir, head, tmp_dir, export_dtype)
+            pad_id = _special_token_ids(Path(trainer_config.hf_assets_path))["pad_token_id"]
+            config = sequence_classification_config(config, pad_id)
+        else:
+            _write_weights(weights_dir or step_dir, tmp_dir)
         config["dtype"] = export_dtype
         config.pop("torch_dtype", None)  # the v4 name of the same key
         _write_json(tmp_dir / CONFIG_FILE, config)
         _copy_tokenizer(Path(trainer_config.hf_assets_path), tmp_dir)
-        _write_generation_config(trainer_config, config, tmp_dir)
-        chat = trains_chat(trainer_config)
+        chat = trains_chat(trainer_config) and not scored  # a classifier generates nothing
+        if not scored:
+            _write_generation_config(trainer_config, config, tmp_dir)
         if chat:
             stop_at_end_of_turn(tmp_dir)
         _check(tmp_dir, export_dtype, chat)

@@ -6,7 +6,8 @@ file's keys and shapes with the ones PEFT expects, and, given the merged model (
 default the `hf_export` beside it), that base+adapter logits equal the merged model's on a fixed
 batch (float32).
 
-Builds the model from the dir's config.json (`AutoModelForCausalLM.from_config`), reads every
+Builds the model from the dir's config.json (`AutoModelForCausalLM.from_config`, or
+`AutoModelForSequenceClassification` for a reward model's export), reads every
 safetensors file of the dir and loads them with `load_state_dict`, then prints the missing and
 unexpected keys and any shape mismatch. Exit code 0: everything matched (a missing `lm_head.weight`
 is fine when config.json ties it to the embedding); 1: keys or shapes do not match, or a file
@@ -96,7 +97,7 @@ def check_model_dir(model_dir: Path, *, load: bool = True, trust_remote_code: bo
     template's end of turn.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
     from transformers.core_model_loading import revert_weight_conversion
 
     model_dir = Path(model_dir)
@@ -115,7 +116,7 @@ def check_model_dir(model_dir: Path, *, load: bool = True, trust_remote_code: bo
 
     device = "cpu" if load else "meta"
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        model = auto_model_class(config).from_config(config, trust_remote_code=trust_remote_code)
     in_memory = model.state_dict()
     expected = {k: tuple(v.shape) for k, v in revert_weight_conversion(model, in_memory).items()}
     _compare_keys(report, expected, on_disk)
@@ -132,6 +133,16 @@ def check_model_dir(model_dir: Path, *, load: bool = True, trust_remote_code: bo
 
         report.chat_stop_error = chat_stop_problem(model_dir)
     return report
+
+
+def auto_model_class(config):
+    """Transformers' auto class of the dir's architecture: a causal LM, or a sequence classifier
+    (trainer=reward_model's export)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    architectures = getattr(config, "architectures", None) or []
+    scored = any(name.endswith("ForSequenceClassification") for name in architectures)
+    return AutoModelForSequenceClassification if scored else AutoModelForCausalLM
 
 
 def _ties_head(config) -> bool:
@@ -154,9 +165,7 @@ def _load(model, model_dir: Path, files: list[Path], same_layout: bool, trust_re
         if result.unexpected_keys:
             problems.append(f"load_state_dict unexpected {result.unexpected_keys}")
         return problems
-    from transformers import AutoModelForCausalLM
-
-    _, info = AutoModelForCausalLM.from_pretrained(
+    _, info = auto_model_class(model.config).from_pretrained(
         model_dir, output_loading_info=True, trust_remote_code=trust_remote_code
     )
     problems = []
@@ -230,21 +239,26 @@ def check_adapter_dir(
     import torch
     from peft import PeftConfig, PeftModel
     from peft.utils import get_peft_model_state_dict
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / ADAPTER_CONFIG_FILE).is_file():
         raise NotAModelDir(f"{adapter_dir}: no {ADAPTER_CONFIG_FILE}")
-    base = base_dir or PeftConfig.from_pretrained(str(adapter_dir)).base_model_name_or_path
+    peft_config = PeftConfig.from_pretrained(str(adapter_dir))
+    base = base_dir or peft_config.base_model_name_or_path
     if not base:
         raise NotAModelDir(f"{adapter_dir}: {ADAPTER_CONFIG_FILE} names no base model; pass --base DIR")
     report = AdapterReport(adapter_dir=adapter_dir, base_dir=Path(base), merged_dir=merged_dir, atol=atol)
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(adapter_dir))
+    if peft_config.task_type == "SEQ_CLS":  # trainer=reward_model's: a score head over the base
+        auto, kwargs = AutoModelForSequenceClassification, {"num_labels": 1}
+    else:
+        auto, kwargs = AutoModelForCausalLM, {}
+    model = PeftModel.from_pretrained(auto.from_pretrained(base, dtype=torch.float32, **kwargs), str(adapter_dir))
     expected = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(model).items()}
     on_disk = disk_shapes(sorted(adapter_dir.glob("*.safetensors")))
     _compare_keys(report, expected, on_disk)
     if merged_dir is not None:
-        merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
+        merged = auto.from_pretrained(merged_dir, dtype=torch.float32)
         ids = fixed_batch(merged.config.get_text_config().vocab_size)
         with torch.no_grad():
             difference = (model(ids).logits - merged(ids).logits).abs().max()

@@ -33,6 +33,8 @@ def apply_data(config: Trainer.Config, data: DataSettings, run_dir: Path, traine
         _refuse_unused(data)
         return
     train_sources = training_sources(data, trainer)
+    if trainer == "reward_model":  # each sequence whole, scored at its last token, the margin carried
+        train_sources = [dataclasses.replace(source, scored_pairs=True) for source in train_sources]
     if tools and data.kind == "prompts":
         train_sources = [dataclasses.replace(source, tools=tools) for source in train_sources]
     cache_dir = str(Path(run_dir) / DATA_CACHE_DIR)

@@ -126,7 +126,8 @@ def make_plan(
     if settings.data.kind == "prompts":
         kept = int(settings.grpo.num_iterations > 1) + int(settings.grpo.beta > 0)
         completions = config.training.local_batch_size * _accumulation_steps(config, world_size)
-        grpo = GrpoMemory(static_cache=config.compile.enable, completions=completions, kept_logprobs=kept)
+        grpo = GrpoMemory(static_cache=config.compile.enable, completions=completions, kept_logprobs=kept,
+                          reward_models=reward_model_bytes(rewards))  # fmt: skip
     memory = estimate_memory(config, world_size, device, nproc, model_on_meta, frozen_reference, logprobs,
                              model_dir, grpo)
     refusal = None
@@ -226,8 +227,8 @@ def _loads_starting_weights(checkpoint) -> bool:
 
 def _check_preference(config: Trainer.Config, settings: Settings, world_size: int) -> None:
     """data=preference: the preference trainers tune a model that already answers (DPO and KTO
-    against that model as it started)."""
-    if not _loads_starting_weights(config.checkpoint):
+    against that model as it started; a reward model may start from any weights)."""
+    if settings.trainer.name != "reward_model" and not _loads_starting_weights(config.checkpoint):
         trainer = settings.trainer.name
         tunes = ("tunes a model against itself as it starts (the DPO reference)" if trainer in KEEPS_REFERENCE
                  else f"with trainer={trainer} tunes a model that already answers")  # fmt: skip
@@ -241,7 +242,8 @@ def _check_preference(config: Trainer.Config, settings: Settings, world_size: in
         if degree > 1:
             raise ConfigError(
                 f"data=preference with {name} parallelism (degree {degree}) is not supported: a pair's "
-                "log-probabilities are summed over whole sequences on one rank. Use parallelism=fsdp."
+                "log-probabilities (trainer=reward_model: its scores) are read over whole sequences on one "
+                "rank. Use parallelism=fsdp."
             )
 
 
@@ -249,12 +251,16 @@ def _check_grpo(config: Trainer.Config, settings: Settings, world_size: int):
     """data=prompts: GRPO samples from a model that already writes, in whole groups per rank.
     Returns the reward functions (their columns are checked against the first rows)."""
     from qwen3_neuron.generation.tools import load_tools
+    from qwen3_neuron.rewards.sequence_classifier import RewardModel, check_reward_model
     from qwen3_neuron.trainers.grpo import rewards_of
 
     grpo = settings.grpo
     tools = load_tools(grpo.tools, grpo.environment, grpo.tool_timeout_s)
     rewards = rewards_of(grpo, tools)  # importable, callable, one weight each (an environment's own too)
     _check_tool_settings(grpo, tools, rewards)
+    for function in rewards.functions:
+        if isinstance(function, RewardModel):  # a reward model dir: read with the policy's tokenizer
+            check_reward_model(function, config.hf_assets_path)
     if not _loads_starting_weights(config.checkpoint):
         raise ConfigError(
             "data=prompts samples completions from the model and rewards the better ones, but nothing loads "
@@ -297,6 +303,13 @@ def _check_tool_settings(grpo, tools, rewards) -> None:
         if needs and not environment:
             raise ConfigError(f"grpo.rewards[{index}]: {name} reads `environments`, which only a run with "
                               "grpo.environment=module.Class has: set it, or choose another reward.")  # fmt: skip
+
+
+def reward_model_bytes(rewards) -> int:
+    """The weights of the reward models among the rewards: every rank holds them all run."""
+    from qwen3_neuron.rewards.sequence_classifier import RewardModel
+
+    return sum(f.parameter_bytes() for f in rewards.functions if isinstance(f, RewardModel))
 
 
 def _samples_taken(config: Trainer.Config, settings, world_size: int) -> int:

@@ -301,6 +301,16 @@ class KTOSettings:
 
 
 @dataclass(kw_only=True)
+class RewardModelSettings:
+    """trainer=reward_model: a scalar score head trained on preference pairs, TRL's RewardTrainer's
+    loss and names (Bradley-Terry; a row's `margin` column is subtracted from the score gap)."""
+
+    center_rewards_coefficient: float | None
+    """Weight of TRL's centring term, the mean of (chosen + rejected)^2 over the pairs, which keeps
+    the scores near 0 (Eisenstein et al. 2023 use 0.01); null: none (TRL's default)."""
+
+
+@dataclass(kw_only=True)
 class TrackingSettings:
     """The `tracking` section: where a run is recorded besides its run dir."""
 
@@ -466,6 +476,7 @@ class Settings:
     orpo: ORPOSettings | None
     simpo: SimPOSettings | None
     kto: KTOSettings | None
+    reward_model: RewardModelSettings | None
     tracking: TrackingSettings
 
 
@@ -491,11 +502,13 @@ SECTIONS: dict[str, type] = {
     "orpo": ORPOSettings,
     "simpo": SimPOSettings,
     "kto": KTOSettings,
+    "reward_model": RewardModelSettings,
     "tracking": TrackingSettings,
 }
 
 # trainer -> the section its YAML fills (conf/trainer/<trainer>.yaml), built for that trainer only
-OBJECTIVE_SECTIONS = {"dpo": "preference", "grpo": "grpo", "orpo": "orpo", "simpo": "simpo", "kto": "kto"}
+OBJECTIVE_SECTIONS = {"dpo": "preference", "grpo": "grpo", "orpo": "orpo", "simpo": "simpo", "kto": "kto",
+                      "reward_model": "reward_model"}
 
 
 def parse_settings(composed: Mapping[str, Any]) -> Settings:
@@ -548,6 +561,7 @@ def check_settings(settings: Settings, device: str) -> None:
     _check_trainer(settings)
     _check_preference(settings)
     _check_grpo(settings)
+    _check_reward_model(settings)
     check_objective(settings.run.objective, settings.eval)
     _check_objective_data(settings)
     check_tracking(settings.tracking)
@@ -645,6 +659,16 @@ def _check_preference(settings: Settings) -> None:
         raise ConfigError("preference.precompute_reference=true is not built yet: the reference is the model "
                           "with its adapters off (finetune=lora) or a frozen copy of the starting weights "
                           "(finetune=full).")  # fmt: skip
+
+
+def _check_reward_model(settings: Settings) -> None:
+    """trainer=reward_model: its coefficient not negative."""
+    if settings.reward_model is None:
+        return
+    coefficient = settings.reward_model.center_rewards_coefficient
+    if coefficient is not None and not coefficient >= 0:
+        raise ConfigError(f"reward_model.center_rewards_coefficient must be >= 0 (null: no centring term), got "
+                          f"{coefficient}.")  # fmt: skip
 
 
 def _check_grpo(settings: Settings) -> None:

@@ -30,6 +30,7 @@ from qwen3_neuron.job.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, SEC
 from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
 from qwen3_neuron.models.hf.model_dir import HFModelDir
 from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec
+from qwen3_neuron.models.score_head import with_score_head
 
 # Metrics to metrics.jsonl: swapped in through torchtitan's own override registry.
 METRICS_OVERRIDE = "qwen3_neuron.worker.metrics.run_dir_metrics"
@@ -138,6 +139,8 @@ def _model_spec(settings: Settings, model_dir: HFModelDir | None):
     spec = _base_model_spec(settings, model_dir)
     if settings.finetune.method == "lora":
         spec = with_lora(spec, settings.finetune)
+    if settings.trainer.name == "reward_model":
+        spec = with_score_head(spec)  # after LoRA: the head trains whole beside the adapters
     return spec
 
 

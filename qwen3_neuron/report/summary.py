@@ -58,6 +58,8 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "val_step": validations[-1]["step"] if validations else None,
         # data=preference: the DPO rewards of the last step's pairs, and of the last validation's
         **_preference(records[-1] if records else {}, validations[-1] if validations else {}),
+        # trainer=reward_model: TRL's accuracy, margin and mean reward of the last step's pairs and the last validation's
+        **_reward_model(records[-1] if records else {}, validations[-1] if validations else {}),
         # data=prompts: the GRPO reward of the first and the last step's completions, and of the last validation's
         **_grpo([r for r in records if "reward" in r], validations[-1] if validations else {}),
         # data=text|chat|mix: what the ranks read and packed, and every overlong document's fate
@@ -144,6 +146,16 @@ def _preference(last: dict[str, Any], validation: dict[str, Any]) -> dict[str, A
     own = [name for name in OBJECTIVE_FIELDS if name in last]
     return {**{name: last.get(name) for name in (*PREFERENCE_FIELDS, *own)},
             **{f"val_{name}": validation.get(f"val_{name}") for name in (*PREFERENCE_FIELDS, *own)}}  # fmt: skip
+
+
+REWARD_MODEL_FIELDS = ("accuracy", "margin", "mean_reward")  # TRL RewardTrainer's names
+
+
+def _reward_model(last: dict[str, Any], validation: dict[str, Any]) -> dict[str, Any]:
+    if "accuracy" not in last:
+        return {}
+    return {**{name: last.get(name) for name in REWARD_MODEL_FIELDS},
+            **{f"val_{name}": validation.get(f"val_{name}") for name in REWARD_MODEL_FIELDS}}  # fmt: skip
 
 
 NO_SIGNAL = ("every group's completions scored alike, so every advantage was 0 and the reward taught the policy "
@@ -251,6 +263,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         margin = summary.get("reward_margin")  # a step with both kinds of completion
         said = f"preference: kl {summary['kl']:.4f}"
         lines.append(said if margin is None else f"{said}, reward margin {margin:.3f}")
+    if summary.get("accuracy") is not None:  # trainer=reward_model
+        lines.append(f"reward model: accuracy {summary['accuracy']:.2f}, margin {summary['margin']:.3f}")
+        if summary.get("val_accuracy") is not None:
+            lines[-1] += f" (held-out pairs: accuracy {summary['val_accuracy']:.2f}, margin {summary['val_margin']:.3f})"
     if summary.get("reward") is not None:  # data=prompts
         lines.append(f"grpo: reward {summary['first_reward']:.4f} -> {summary['reward']:.4f}; completions "
                      f"{summary['completion_mean_length']:.1f} tokens on average, "

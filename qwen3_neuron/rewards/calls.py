@@ -1,4 +1,5 @@
-"""GRPO's reward functions: `grpo.rewards=[module.function, ...]`, plain Python, called as TRL calls them.
+"""GRPO's reward functions: `grpo.rewards=[module.function, ...]`, plain Python, called as TRL calls them
+(an entry that is a directory: a reward model, `sequence_classifier`).
 
 Each is called once per batch of completions as
     fn(prompts=[...], completions=[...], completion_ids=[...], **columns) -> list[float | None]
@@ -23,19 +24,24 @@ import math
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from qwen3_neuron.errors import ConfigError, RewardError
+from qwen3_neuron.rewards.sequence_classifier import RewardModel
 
 
 # what every call hands besides the columns (`environments`: with grpo.environment, checked by the plan)
 TRL_ARGUMENTS = {"prompts", "completions", "completion_ids", "environments"}
 
 
-def load_reward(name: str, key: str = "grpo.rewards") -> Callable:
-    """`module.function` -> the function; a ConfigError says why it cannot be."""
+def load_reward(name: str, key: str = "grpo.rewards", device=None) -> Callable:
+    """`module.function` -> the function, a directory -> its reward model (`sequence_classifier`,
+    run on `device`); a ConfigError says why it cannot be."""
+    if Path(name).expanduser().is_dir():
+        return RewardModel(Path(name).expanduser(), key, device)
     module_name, _, attribute = name.rpartition(".")
     if not module_name:
         raise ConfigError(f"{key}: {name!r} is not module.function (e.g. qwen3_neuron.rewards.exact_answer).")
@@ -94,12 +100,13 @@ class Rewards:
                     )
 
 
-def load_rewards(names: Sequence[str], weights: Sequence[float] | None) -> Rewards:
-    """The `grpo.rewards` functions and their weights (1 each when none are given)."""
+def load_rewards(names: Sequence[str], weights: Sequence[float] | None, device=None) -> Rewards:
+    """The `grpo.rewards` functions and their weights (1 each when none are given); reward models
+    score on `device`."""
     if not names:
         raise ConfigError("grpo.rewards is empty: name at least one module.function (e.g. "
                           "grpo.rewards=[qwen3_neuron.rewards.exact_answer]).")  # fmt: skip
-    functions = [load_reward(name, f"grpo.rewards[{i}]") for i, name in enumerate(names)]
+    functions = [load_reward(name, f"grpo.rewards[{i}]", device) for i, name in enumerate(names)]
     if weights is None:
         weights = [1.0] * len(names)
     elif len(weights) != len(names):
@@ -135,7 +142,10 @@ def _call(name, function, prompts, completions, completion_ids, columns) -> list
 def _own_line(function: Callable, error: Exception) -> str:
     """Where the function's own file raised (the innermost such frame: the user's line, not a
     library's it called), as " at FILE, line N: CODE"; "" when none of its frames is there."""
-    source = inspect.getsourcefile(inspect.unwrap(function))
+    try:
+        source = inspect.getsourcefile(inspect.unwrap(function))
+    except TypeError:  # a callable object (a reward model dir): no source of its own
+        return ""
     frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
     if not frames:
         return ""

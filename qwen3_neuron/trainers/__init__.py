@@ -1,4 +1,4 @@
-"""One trainer per objective, named by the `trainer` config group (`trainer=sft|dpo|orpo|simpo|kto|grpo`).
+"""One trainer per objective, named by the `trainer` config group (`trainer=sft|dpo|orpo|simpo|kto|reward_model|grpo`).
 
 Each is a subclass of torchtitan's `Trainer` (torchtitan's own extension pattern, as its Flux
 trainer overrides `forward_backward_step` and `train_step`), built by the workers from the job
@@ -19,6 +19,7 @@ TRAINERS = {
     "simpo": ("qwen3_neuron.trainers.simpo:SimPOTrainer", ("preference",)),
     "kto": ("qwen3_neuron.trainers.kto:KTOTrainer", ("preference",)),
     "grpo": ("qwen3_neuron.trainers.grpo:GRPOTrainer", ("prompts",)),
+    "reward_model": ("qwen3_neuron.trainers.reward_model:RewardModelTrainer", ("preference",)),
 }
 
 # The preference trainers that hold the starting model as their reference (finetune=full: a frozen

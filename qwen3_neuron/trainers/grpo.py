@@ -98,7 +98,7 @@ class GRPOStep(Stateful):
         # the KL's reference: finetune=lora's model with its adapters off; finetune=full's a frozen copy
         self.frozen = FrozenReference(trainer.model_parts[0]) if grpo.beta and not lora else None
         self.tools = load_tools(grpo.tools, grpo.environment, grpo.tool_timeout_s)
-        self.rewards = rewards_of(grpo, self.tools)
+        self.rewards = rewards_of(grpo, self.tools, trainer.device)
         tokenizer = trainer.tokenizer
         self.tokenizer = tokenizer
         self.end_id = tokenizer.tokenizer.token_to_id(END_OF_TURN)
@@ -428,10 +428,11 @@ def trained_labels(ids: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
     return labels
 
 
-def rewards_of(grpo, tools) -> Rewards:
-    """The grpo.rewards functions, and an environment's own reward (TRL's: its get_reward(), weight 1)."""
+def rewards_of(grpo, tools, device=None) -> Rewards:
+    """The grpo.rewards functions (a reward model dir's on `device`), and an environment's own reward
+    (TRL's: its get_reward(), weight 1)."""
     owned = environment_reward(tools.environment) if tools is not None else None
-    rewards = load_rewards(grpo.rewards, grpo.reward_weights) if grpo.rewards or owned is None else Rewards([], [], [])
+    rewards = load_rewards(grpo.rewards, grpo.reward_weights, device=device) if grpo.rewards or owned is None else Rewards([], [], [])
     if owned is not None:
         rewards = Rewards([*rewards.names, owned[0]], [*rewards.functions, owned[1]], [*rewards.weights, 1.0])
     return rewards

@@ -115,6 +115,7 @@ class MemoryEstimate:
     generation_gib: float = 0.0  # GRPO: the KV cache, the gathered parameters and one block's forward while sampling
     static_cache_gib: float = 0.0  # GRPO compiled: the static KV cache, held all run
     completions_gib: float = 0.0  # GRPO: the rank's generation batch (ids, kept log-probabilities)
+    reward_models_gib: float = 0.0  # GRPO: the reward-model dirs among grpo.rewards (their weights)
 
     @property
     def fits(self) -> bool:
@@ -132,6 +133,7 @@ class MemoryEstimate:
             "generation": self.generation_gib,
             "static KV cache": self.static_cache_gib,
             "completions": self.completions_gib,
+            "reward models": self.reward_models_gib,
         }
 
     def line(self) -> str:
@@ -199,8 +201,9 @@ def estimate_memory(
     peak_at = max(moments, key=moments.get)
     logits = head.get(peak_at, head["the loss"])
     reference = parameters if frozen_reference else 0  # finetune=lora's reference: the adapters off, no copy
+    reward_models = grpo.reward_models if grpo is not None else 0
     return MemoryEstimate(
-        per_rank_gib=(parameters + optimizer + reference + moments[peak_at]) / GIB,
+        per_rank_gib=(parameters + optimizer + reference + reward_models + moments[peak_at]) / GIB,
         device_gib=device_memory_gib(device, ranks_per_node),
         parameters_gib=parameters / GIB,
         gradients_gib=gradients / GIB,
@@ -216,6 +219,7 @@ def estimate_memory(
         generation_gib=generation / GIB,
         completions_gib=completions / GIB,
         static_cache_gib=static_cache / GIB,
+        reward_models_gib=reward_models / GIB,
     )
 
 
@@ -401,6 +405,7 @@ class GrpoMemory:
     static_cache: bool  # compile.enable: the KV cache is kept all run; eager, while sampling
     completions: int  # the rank's generation batch: local_batch_size x gradient accumulation
     kept_logprobs: int  # [seq_len] float32 log-probabilities kept per completion: old (num_iterations > 1), reference (beta > 0)
+    reward_models: int = 0  # bytes of the reward-model dirs among grpo.rewards: held on every rank all run
 
 
 def _grpo_bytes(config, s: _Shape, degrees, device: str, grpo: GrpoMemory, gathered: int) -> tuple[int, int, int]:
