@@ -86,10 +86,15 @@ class ToolProcess:
         theirs.close()
         self.connection = Connection(ours.detach())
         self.connection.send(self.names)
-        if not self.connection.poll(START_TIMEOUT_S):
+        try:
+            if not self.connection.poll(START_TIMEOUT_S):
+                raise EOFError(f"not ready in {START_TIMEOUT_S:.0f} s")
+            self.connection.recv()
+        except (EOFError, OSError) as e:  # an import that fails there (its traceback on the rank's stderr)
+            code = self.process.poll()
             self.close()
-            raise RuntimeError(f"the tools' process did not import {', '.join(self.names)} in {START_TIMEOUT_S:.0f} s")
-        self.connection.recv()
+            raise RuntimeError(f"the tools' process could not import {', '.join(self.names)} "
+                               f"({e or f'exit code {code}'})") from e
 
 
 def _serve(connection: Connection) -> None:

@@ -17,7 +17,9 @@ metrics stay torchtitan's. A step:
    Sampling is TRL's (temperature, then top-p, Transformers' own logits warpers), seeded by the
    step and the rank;
    a completion ends at the tokenizer's end-of-turn (<|im_end|>, kept in it) or at
-   `max_completion_length` (then counted as clipped);
+   `max_completion_length` (then counted as clipped). With `grpo.tools` / `grpo.environment` a
+   completion is several turns with tool calls between them (`generation.rollout`): only the
+   policy's own tokens are labels, and the rewards get TRL's message lists;
 2. rewards on each rank (`rewards.calls`), gathered over the data-parallel ranks: advantages
    over the global batch, as TRL's; each rank keeps its own completions' advantages;
 3. torchtitan's `train_step` over the microbatches of completions: per-token log-probabilities

@@ -423,6 +423,9 @@ def _grpo_bytes(config, s: _Shape, degrees, device: str, grpo: GrpoMemory, gathe
     # the next tokens' float32 scores, warped, and their probabilities
     head = 3 * batch * math.ceil(s.vocab / degrees.tp) * FLOAT32
     completions = grpo.completions * seq * (INT64 + grpo.kept_logprobs * FLOAT32)
+    # grpo.tools: a rollout's eager buffers ([batch, longest prompt + max_completion_length]) are no
+    # larger than this cache, and a tool turn's forward ([batch, kv_cache.APPEND_WIDTH] compiled) holds
+    # less than the prompts' counted in `block`
     if grpo.static_cache:
         return gathered + block + head, completions, cache
     return cache + gathered + block + head, completions, 0
