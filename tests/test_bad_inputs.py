@@ -136,7 +136,8 @@ PLAN_TIME = [
      ["{bad}/tool_calls.jsonl line 1: the data has tools or tool calls, but the tokenizer's chat template does not render them"]),
     (["data=chat", "data.val_files={bad}/empty.jsonl"], ["data.val_files: '{bad}/empty.jsonl' is empty (no rows)"]),
     ([*CHAT, "data.files={bad}/chats.jsonl", "data.val_fraction=0.1"],
-     ["data.val_fraction=0.1", "has 3 rows, so the validation set has 0", "data.val_files"]),
+     ["data.val_fraction=0.1: the validation set it carves out of {bad}/chats.jsonl has 0 rows, fewer than the 2 "
+      "ranks that each read a share; raise data.val_fraction or set data.val_files"]),
     (["data=chat", "data.val_fraction=0.1", "data.val_files=${assets:chat_validation_file}"],
      ["data.val_fraction and data.val_files both"]),
     (["data=chat", "validator.steps=-1"], ["validator.steps=-1", "validator.steps=N"]),

@@ -142,12 +142,16 @@ def test_the_end_of_run_lines_account_for_every_row_of_every_rank(tmp_path):
 
 
 def test_the_end_of_run_list_of_a_fate_says_how_many_more_it_leaves_unnamed():
+    """Five rows named of nine counted: four more. Fewer named than shown is every row of that
+    fate (each rank keeps its first five), though rows read on each pass count each time."""
     from qwen3_neuron.report.summary import data_lines
 
     named = [f"a.jsonl line {line}: no assistant turn" for line in range(1, 8)]
     stats = {"rows": 1000, "skipped": 9, "examples": {"skipped": named}}
     assert data_lines(stats)[1:] == [
         "  skipped 9 (cannot be read as the data kind's row):", *[f"    {row}" for row in named[:5]], "    and 4 more"]
+    once = {"rows": 300, "pass_rows": 100, "skipped": 3, "examples": {"skipped": named[:1]}}
+    assert data_lines(once)[2:] == ["  skipped 3 (cannot be read as the data kind's row):", f"    {named[0]}"]
 
 
 def test_the_plan_says_what_the_first_rows_lose_at_this_seq_len(tmp_path, assets):

@@ -384,11 +384,11 @@ def _check_prompt_room(tokens: list[int], trained: list[bool], seq_len: int, key
 
 
 def _check_carve(sides: Sides, source: DataSource, world_size: int) -> None:
-    """When the first rows are all the rows, the carve's size is known: it must feed every rank."""
-    (training, _), (validation, whole) = sides["train"], sides["validation"]
+    """When the first rows are all the validation rows, the carve's size is known: it must feed every rank."""
+    validation, whole = sides["validation"]
     if whole and len(validation) < world_size:
         raise ConfigError(
-            f"data.val_fraction={source.val_fraction}: {source.name()} has {len(training) + len(validation)} rows, "
-            f"so the validation set has {len(validation)}, fewer than the {world_size} ranks that each read a "
-            "share; raise data.val_fraction or set data.val_files"
+            f"data.val_fraction={source.val_fraction}: the validation set it carves out of {source.name()} has "
+            f"{len(validation)} row{'s' * (len(validation) != 1)}, fewer than the {world_size} ranks that each read "
+            "a share; raise data.val_fraction or set data.val_files"
         )

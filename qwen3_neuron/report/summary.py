@@ -336,7 +336,8 @@ def data_lines(stats: dict[str, Any]) -> list[str]:
         line += (f"; packing efficiency {stats['packing_efficiency']:.4f} (the share of tokens that is not padding); "
                  f"{stats.get('buffered_documents', 0):,} documents read but not trained on (still buffered)")  # fmt: skip
     lines = [line]
-    if stats.get("pass_rows") and rows > stats["pass_rows"]:  # rows read again: say so, with how often
+    went_round = bool(stats.get("pass_rows")) and rows > stats["pass_rows"]
+    if went_round:  # rows read again: say so, with how often
         lines.append(f"data: went round: {stats['pass_rows']:,} rows, {rows / stats['pass_rows']:.2f} passes over "
                      "them (each pass reshuffled)")  # fmt: skip
     if rows and (dropped + skipped) / rows > WARN_NOT_TRAINED:
@@ -347,8 +348,9 @@ def data_lines(stats: dict[str, Any]) -> list[str]:
             lines.append(f"  {fate} {stats[fate]:,} ({meaning}):")
             shown = (stats.get("examples") or {}).get(fate, [])[:EXAMPLES_SHOWN]
             lines += [f"    {row}" for row in shown]
-            if stats[fate] > len(shown):  # the rest: counted, each rank's first few in summary.json
-                lines.append(f"    and {stats[fate] - len(shown):,} more")
+            if len(shown) == EXAMPLES_SHOWN and stats[fate] > len(shown):  # fewer: every row of it is named
+                again = " (a row read on each pass counts each time)" if went_round else ""
+                lines.append(f"    and {stats[fate] - len(shown):,} more{again}")
     return lines
 
 
