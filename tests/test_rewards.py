@@ -77,6 +77,9 @@ def test_a_failing_reward_stops_naming_itself_and_the_completion():
     (["nowhere_module.f"], None, r"^grpo.rewards\[0\]: 'nowhere_module.f': module 'nowhere_module' cannot be imported"),
     (["qwen3_neuron.rewards.nothing"], None, r"^grpo.rewards\[0\]: 'qwen3_neuron.rewards.nothing': module "
                                              r"'qwen3_neuron.rewards' has no 'nothing'\.$"),
+    (["qwen3_neuron.rewards.exact_answr"], None, r"^grpo.rewards\[0\]: 'qwen3_neuron.rewards.exact_answr': module "
+                                                 r"'qwen3_neuron.rewards' has no 'exact_answr'\. Did you mean "
+                                                 r"'qwen3_neuron.rewards.exact_answer'\?$"),
     (["qwen3_neuron.rewards.NUMBER"], None, r"^grpo.rewards\[0\]: 'qwen3_neuron.rewards.NUMBER' is a Pattern, not a function\.$"),
     (["exact_answer"], None, r"^grpo.rewards\[0\]: 'exact_answer' is not module.function"),
     (["qwen3_neuron.rewards.exact_answer"], [1.0, 2.0], r"^grpo.reward_weights has 2 weights for 1 rewards"),

@@ -18,6 +18,7 @@ stops the run with a sentence naming it, the line of its own that raised, and th
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import math
@@ -52,7 +53,10 @@ def load_reward(name: str, key: str = "grpo.rewards", device=None) -> Callable:
                           "PYTHONPATH or next to launch.py.") from e  # fmt: skip
     function = getattr(module, attribute, None)
     if function is None:
-        raise ConfigError(f"{key}: {name!r}: module {module_name!r} has no {attribute!r}.")
+        functions = [n for n, value in vars(module).items() if callable(value) and not n.startswith("_")]
+        close = difflib.get_close_matches(attribute, functions, n=1)
+        hint = f" Did you mean '{module_name}.{close[0]}'?" if close else ""
+        raise ConfigError(f"{key}: {name!r}: module {module_name!r} has no {attribute!r}.{hint}")
     if not callable(function):
         raise ConfigError(f"{key}: {name!r} is a {type(function).__name__}, not a function.")
     return function
