@@ -8,7 +8,9 @@ Two sides of one boundary (torchrun's):
     job/      the one job, parsed once, and its plan (checks, record) and build (both sides)
 
 Besides `launch/`, `report/`, `job/` and `worker/` (above), both sides use `models/`, `data/`,
-`finetune/`, `devices/`, `kernels/` (what torchtitan builds and runs), `hf_io/` (HF exports, the
+`finetune/` (LoRA), `trainers/` (one torchtitan Trainer per objective), `generation/` (GRPO's
+rollouts: KV caches, tools), `rewards/` (GRPO's rewards), `devices/`, `kernels/` (what torchtitan
+builds and runs), `hf_io/` (HF exports, the
 chat command), `eval/` (lm-eval on an export) and `assets/` (the tiny generated assets), and
 agree on the files of a run dir through `run_dir.py`; `errors.py` holds the error classes,
 `fields.py` checks YAML values onto config dataclasses, `handoff.py` passes the plan between the

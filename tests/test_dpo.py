@@ -29,7 +29,7 @@ from qwen3_neuron.trainers.dpo import (
     pair_terms,
     step_loss,
 )
-from qwen3_neuron.trainers.preference import sequence_sums
+from qwen3_neuron.trainers.preference_step import sequence_sums
 from qwen3_neuron.models.logprobs import token_logps
 
 
@@ -384,7 +384,7 @@ def _bitwise_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 def test_the_frozen_reference_swaps_the_starting_weights_in_and_back_bit_for_bit_and_survives_a_checkpoint():
-    from qwen3_neuron.trainers.preference import FrozenReference
+    from qwen3_neuron.trainers.preference_step import FrozenReference
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
@@ -416,7 +416,7 @@ def test_the_frozen_reference_swaps_the_starting_weights_in_and_back_bit_for_bit
 
 
 def test_pairs_and_chosen_tokens_are_counted_from_the_sequence_ids():
-    from qwen3_neuron.trainers.preference import _counts
+    from qwen3_neuron.trainers.preference_step import _counts
 
     sequence_ids = torch.tensor([
         [-1, -1, 0, 0, 0, -1, 1, 1, -1, 2, 2, -1, 3, 3, 3],  # two pairs: chosen 0 (3 tokens) and 2 (2)
@@ -430,7 +430,7 @@ def test_pairs_and_chosen_tokens_are_counted_from_the_sequence_ids():
 def test_lora_adapters_off_computes_the_base_models_output_and_then_the_adapted_one_again():
     from torchtitan.models.common.linear import Linear
 
-    from qwen3_neuron.trainers.preference import adapters_off
+    from qwen3_neuron.trainers.preference_step import adapters_off
     from qwen3_neuron.finetune.lora import LoRADropoutConverter
 
     torch.manual_seed(0)

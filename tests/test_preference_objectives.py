@@ -24,7 +24,7 @@ from qwen3_neuron.data.preference import row_units
 from qwen3_neuron.data.source import DataSource
 from qwen3_neuron.trainers.kto import KTOObjective
 from qwen3_neuron.trainers.orpo import ORPOObjective
-from qwen3_neuron.trainers.preference import sequence_sums
+from qwen3_neuron.trainers.preference_step import sequence_sums
 from qwen3_neuron.trainers.simpo import SimPOObjective
 
 # float32 on both sides, the same per-token log-probabilities summed (ours through the packed

@@ -18,7 +18,7 @@ policy's NLL of the chosen responses, a mean over all their tokens in the batch 
 Pure DPO only moves the chosen-minus-rejected margin, mostly by pushing the rejected reply down;
 the NLL term also pulls the chosen reply up, so the policy generates it.
 
-Per pair slot (`trainers.preference.sequence_sums`); slots without a pair are masked out.
+Per pair slot (`trainers.preference_step.sequence_sums`); slots without a pair are masked out.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from qwen3_neuron.trainers.preference import (
+from qwen3_neuron.trainers.preference_step import (
     METRIC_NAMES,
     PairTerms,
     PreferenceObjective,

@@ -1,6 +1,6 @@
 """data=prompts: torchtitan's trainer takes GRPO steps (the objective: `trainers.grpo_loss`).
 
-The seam is DPO's (`trainers.preference`): the built trainer's `train_step` and
+The seam is DPO's (`trainers.preference_step`): the built trainer's `train_step` and
 `forward_backward_step` are replaced; the optimizer, clipping, LR schedule, checkpoints and
 metrics stay torchtitan's. A step:
 

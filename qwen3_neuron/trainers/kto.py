@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qwen3_neuron.trainers.preference import PreferenceObjective, PreferenceTrainer
+from qwen3_neuron.trainers.preference_step import PreferenceObjective, PreferenceTrainer
 
 KTO_METRIC_NAMES = ("units", "loss", "desirable", "undesirable", "rewards_chosen", "rewards_rejected", "kl",
                     "microbatches")  # fmt: skip

@@ -4,7 +4,7 @@ RewardTrainer's objective (`trainers.reward_model_loss`).
 The model carries a score head (`models.score_head`, converted into the model config before it is
 built) and returns a score per position; each sequence of a packed pair is scored at its last
 token (`data.packing.scored_document`, which keeps every token of it an input). The loss is the
-mean over the pairs of the global batch, as DPO's (`trainers.preference`): `train_step` counts the
+mean over the pairs of the global batch, as DPO's (`trainers.preference_step`): `train_step` counts the
 pairs of every microbatch on every data-parallel rank first (one all-reduce), each microbatch's
 backward is its pairs' loss sum over that count, so torchtitan's logged loss (the microbatches'
 sum, summed over the ranks) is that mean, and FSDP's summed gradients are its gradient.
@@ -33,7 +33,7 @@ from torchtitan.distributed import utils as dist_utils
 from qwen3_neuron.data.packing import MARGINS, SEQUENCE_IDS
 from qwen3_neuron.models.score_head import score_head_path
 from qwen3_neuron.trainers.base import ObjectiveTrainer
-from qwen3_neuron.trainers.preference import METRIC_PREFIX, VALIDATION_PREFIX
+from qwen3_neuron.trainers.preference_step import METRIC_PREFIX, VALIDATION_PREFIX
 from qwen3_neuron.trainers.reward_model_loss import (
     SUM_NAMES,
     mean_metrics,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from qwen3_neuron.trainers.preference import sequence_sums
+from qwen3_neuron.trainers.preference_step import sequence_sums
 
 
 def pair_scores(scores: torch.Tensor, sequence_ids: torch.Tensor, margins: torch.Tensor):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from qwen3_neuron.trainers.preference import (
+from qwen3_neuron.trainers.preference_step import (
     METRIC_NAMES,
     PairTerms,
     PreferenceObjective,

@@ -43,7 +43,7 @@ _FIELDS = {
 _VALIDATION_LOSS = "validation_metrics/loss"
 
 
-_PREFERENCE = "preference/"  # data=preference: the trainer's metrics (trainers.preference), val_ prefixed when held out
+_PREFERENCE = "preference/"  # data=preference: the trainer's metrics (trainers.preference_step), val_ prefixed when held out
 _VALIDATION_PREFERENCE = "validation_metrics/preference/"
 _GRPO = "grpo/"  # data=prompts: the GRPO metrics (trainers.grpo), val_ prefixed when held out
 _VALIDATION_GRPO = "validation_metrics/grpo/"
@@ -150,7 +150,7 @@ class RunDirMetricsProcessor(MetricsProcessor):
                 "'Peak FLOPS used for computing MFU' line below is its GPU table's and is not used"
             )
 
-    step_metrics = None  # data=preference: () -> the step's objective metrics (trainers.preference), on every rank
+    step_metrics = None  # data=preference: () -> the step's objective metrics (trainers.preference_step), on every rank
     data_stats = None  # data=text|chat|mix|preference: () -> this rank's data counts (PackedDataLoader)
 
     def log(self, step: int, *args, **kwargs) -> None:
