@@ -184,6 +184,81 @@ def test_the_chat_command_refuses_tools_that_are_not_a_list(tmp_path, monkeypatc
     assert capsys.readouterr().err == expected
 
 
+class ToolCallingChat(RecordingChat):
+    """A stand-in whose first replies call examples/my_tools.py's calculator: once well, once with
+    what it refuses; then it answers (or, `calling_forever`, it calls again every turn)."""
+
+    calling_forever = False
+
+    def reply(self, messages, tools=None, **generate_kwargs):
+        self.calls.append(([dict(m) for m in messages], tools, generate_kwargs))
+        if len(self.calls) > 1 and not self.calling_forever:
+            return Reply("<think>\n\n</think>\n\nIt is 84.", cut=False)
+        blocks = [f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{e}"}}}}\n</tool_call>'
+                  for e in ("12 * 7", "x")]  # fmt: skip
+        return Reply("<think>\nA sum.\n</think>\n\nLet me compute.\n" + "\n".join(blocks), cut=False)
+
+
+def test_the_chat_command_runs_the_tools_the_reply_calls_and_asks_again_with_their_answers(tmp_path, monkeypatch,
+                                                                                          capsys):  # fmt: skip
+    """`--tools module.function`: GRPO's tools, schemas and loop between turns; a raise comes back as an error."""
+    import psutil
+    from transformers.utils import get_json_schema
+
+    from examples.my_tools import calculator
+    from qwen3_neuron.hf_io import chat_command as chat
+
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(chat, "Chat", ToolCallingChat)
+    code = chat.main([str(tmp_path), "--tools", "examples.my_tools.calculator", "--prompt", "12 times 7?"])
+    out = capsys.readouterr().out.splitlines()
+    refused = ("{'error': \"calculator raised ValueError: only numbers, + - * / // % and parentheses are allowed, "
+               "not 'x'\"}")  # fmt: skip
+    assert (code, out) == (0, ["Let me compute.", 'tool> calculator {"expression": "12 * 7"} -> 84',
+                               f'tool> calculator {{"expression": "x"}} -> {refused}', "It is 84."])  # fmt: skip
+    calls = ToolCallingChat.latest.calls
+    assert [tools for _, tools, _ in calls] == [[get_json_schema(calculator)]] * 2
+    def call(expression):
+        return {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+
+    assert calls[1][0] == [
+        {"role": "user", "content": "12 times 7?"},
+        {"role": "assistant", "content": "Let me compute.", "reasoning_content": "A sum.",
+         "tool_calls": [call("12 * 7"), call("x")]},
+        {"role": "tool", "name": "calculator", "content": "84"},
+        {"role": "tool", "name": "calculator", "content": refused},
+    ]  # fmt: skip
+    assert psutil.Process().children(recursive=True) == []  # the tool process ended with the command
+
+
+def test_the_chat_command_stops_at_max_tool_calling_iterations_and_names_a_misspelled_tool(tmp_path, monkeypatch,
+                                                                                          capsys):  # fmt: skip
+    from qwen3_neuron.hf_io import chat_command as chat
+
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(chat, "Chat", ToolCallingChat)
+    monkeypatch.setattr(ToolCallingChat, "calling_forever", True)
+    args = [str(tmp_path), "--tools", "examples.my_tools.calculator", "--prompt", "?", "--max_tool_calling_iterations"]
+    assert chat.main([*args, "1"]) == 0
+    out, err = capsys.readouterr()
+    assert len(ToolCallingChat.latest.calls) == 2 and out.count("tool> calculator") == 2  # one round run, not two
+    assert err == ("(the model still calls tools after --max_tool_calling_iterations=1 rounds; "
+                   "its calls are not run)\n")  # fmt: skip
+    assert chat.main([str(tmp_path), "--tools", "examples.my_tool.calculator", "--prompt", "?"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --tools: 'examples.my_tool.calculator': module 'examples.my_tool' cannot be imported (No module named "
+        "'examples.my_tool'); put it on PYTHONPATH or in the working directory.\n")  # fmt: skip
+
+
+def test_the_chat_command_tool_defaults_are_grpos():
+    from omegaconf import OmegaConf
+
+    from qwen3_neuron.generation.tools import MAX_TOOL_CALLING_ITERATIONS, TOOL_TIMEOUT_S
+
+    grpo = OmegaConf.load(REPO / "conf" / "trainer" / "grpo.yaml").grpo
+    assert (TOOL_TIMEOUT_S, MAX_TOOL_CALLING_ITERATIONS) == (grpo.tool_timeout_s, grpo.max_tool_calling_iterations)
+
+
 def test_chat_renders_system_and_tools_with_the_template_and_stops_a_base_model_at_its_end_of_turn(assets, capsys):
     """A base dir (stops at EOS only): the note on stderr, and generate() told to stop at <|im_end|> too."""
     import torch

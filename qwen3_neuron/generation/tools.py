@@ -35,7 +35,16 @@ from qwen3_neuron.generation.tool_calls import ToolCall
 from qwen3_neuron.generation.tool_worker import ToolProcess
 
 FAILURES = ("malformed", "unknown", "arguments", "raised", "timeout")
+TOOL_TIMEOUT_S, MAX_TOOL_CALLING_ITERATIONS = 10.0, 4  # conf/trainer/grpo.yaml's; the chat command's defaults
 ENVIRONMENT_HOOKS = ("reset", "get_reward")  # an environment's methods that are not tools (TRL's)
+
+
+@dataclass(frozen=True)
+class ToolKeys:
+    """How the user named the tools and their timeout (a launch's keys, a command's flags): the messages say so."""
+
+    tool: str = "grpo.tools[{index}]"
+    timeout: str = "grpo.tool_timeout_s"
 
 
 @dataclass(frozen=True)
@@ -55,9 +64,9 @@ class ToolBox:
     `environment` class and its tool methods' names, every tool's schema, the timeout."""
 
     def __init__(self, functions: dict[str, Callable], paths: list[str], environment: type | None,
-                 methods: list[str], schemas: list[dict], timeout_s: float):  # fmt: skip
+                 methods: list[str], schemas: list[dict], timeout_s: float, keys: ToolKeys = ToolKeys()):  # fmt: skip
         self.functions, self.environment, self.methods = functions, environment, methods
-        self.schemas, self.timeout_s = schemas, timeout_s
+        self.schemas, self.timeout_s, self.keys = schemas, timeout_s, keys
         self.names = [*functions, *methods]
         self._process = ToolProcess(paths)
 
@@ -103,7 +112,7 @@ class ToolBox:
         if failure is None:
             return ToolResult(name, text, None)
         if failure == "timeout":
-            return _failed(name, failure, f"{name} gave no answer within grpo.tool_timeout_s={self.timeout_s:g} s "
+            return _failed(name, failure, f"{name} gave no answer within {self.keys.timeout}={self.timeout_s:g} s "
                                           "and was stopped")  # fmt: skip
         if failure == "ended":  # the process died under it (os._exit, a crash): as a raise
             return _failed(name, "raised", f"{name} could not answer: {text}")
@@ -138,16 +147,17 @@ def _started(calls: list) -> list[tuple[threading.Thread, list]]:
 # ---- loading ---------------------------------------------------------------------------------
 
 
-def load_tools(names: Sequence[str], environment: str | None, timeout_s: float) -> ToolBox | None:
+def load_tools(names: Sequence[str], environment: str | None, timeout_s: float,
+               keys: ToolKeys = ToolKeys()) -> ToolBox | None:  # fmt: skip
     """The `grpo.tools` functions and the `grpo.environment` class with their schemas; None when
-    neither is set. A ConfigError names what cannot be loaded or described, and why."""
+    neither is set. A ConfigError names what cannot be loaded or described (as `keys` spell them), and why."""
     if not names and not environment:
         return None
     if not timeout_s > 0:
-        raise ConfigError(f"grpo.tool_timeout_s={timeout_s}: the seconds a tool call may take, > 0 (e.g. 10).")
+        raise ConfigError(f"{keys.timeout}={timeout_s}: the seconds a tool call may take, > 0 (e.g. 10).")
     functions, schemas = {}, []
     for index, name in enumerate(names):
-        key = f"grpo.tools[{index}]"
+        key = keys.tool.format(index=index)
         function = _imported(name, key)
         if inspect.isclass(function) or not callable(function):
             raise ConfigError(f"{key}: {name} is a {type(function).__name__}, not a function (an environment class "
@@ -174,7 +184,7 @@ def load_tools(names: Sequence[str], environment: str | None, timeout_s: float) 
             # a method bound to a stand-in: its schema without `self`, no instance built at plan time
             schemas.append(_schema(types.MethodType(method, cls), "grpo.environment", f"{environment}.{method_name}"))
             methods.append(method_name)
-    return ToolBox(functions, list(names), cls, methods, schemas, float(timeout_s))
+    return ToolBox(functions, list(names), cls, methods, schemas, float(timeout_s), keys)
 
 
 def environment_reward(environment: type | None) -> tuple[str, Callable] | None:
@@ -197,7 +207,7 @@ def _imported(name: str, key: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ConfigError(f"{key}: {name!r}: module {module_name!r} cannot be imported ({e}); put it on "
-                          "PYTHONPATH or next to launch.py.") from e  # fmt: skip
+                          "PYTHONPATH or in the working directory.") from e  # fmt: skip
     if not hasattr(module, attribute):
         raise ConfigError(f"{key}: {name!r}: module {module_name!r} has no {attribute!r}.")
     return getattr(module, attribute)

@@ -8,6 +8,13 @@ says when `--max_new_tokens` cut it (the default is an interactive turn's, not a
 The generation prompt is the template's own (no `enable_thinking`): the model writes the opening
 its training taught (data.thinking=empty_block: the empty `<think>` block on every turn), which
 is split off the reply here.
+`--tools module.function` (repeatable) names tools as `grpo.tools` does: the same functions, their
+schemas (`generation.tools.load_tools`) in the template, and between turns the same loop as GRPO's
+rollouts: the reply's `<tool_call>` blocks parsed (`tool_calls.parse_turn`), run in a tool process
+with `--tool_timeout_s` per call (a failure, a raise or a timeout answered as a tool message), the
+assistant turn and the tool messages appended, and the model asked again, up to
+`--max_tool_calling_iterations` rounds. Each call prints as one line, `tool> name {arguments} -> result`.
+`--tools file.json` instead renders a JSON list of schemas and runs nothing.
 Without `--prompt` it is an interactive prompt that keeps the conversation (`/reset` clears it,
 `/exit` or Ctrl-D leaves). A run dir resolves to its summary's `export_dir` (`hf_export`).
 
@@ -24,6 +31,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from qwen3_neuron.errors import ExportError
+from qwen3_neuron.generation.tool_calls import parse_turn
+from qwen3_neuron.generation.tools import MAX_TOOL_CALLING_ITERATIONS, TOOL_TIMEOUT_S, ToolBox, ToolKeys, load_tools
 from qwen3_neuron.hf_io.generation import end_of_turn_token, stop_ids, stop_problem
 from qwen3_neuron.models.hf.model_dir import CONFIG_FILE
 from qwen3_neuron.run_dir import SUMMARY_FILE, read_json
@@ -114,6 +123,52 @@ def _print_reply(reply: Reply, show_reasoning: bool, max_new_tokens: int) -> str
     return answer
 
 
+def load_tool_flags(values: list[str], timeout_s: float) -> tuple[list | None, ToolBox | None]:
+    """`--tools` values -> (the schemas for the template, the runnable tools or None): JSON schema
+    files, or `module.function` names, not both."""
+    files = [v for v in values if v.endswith(".json") or Path(v).is_file()]
+    if files and len(files) < len(values):
+        raise ValueError(f"--tools {' '.join(values)}: either JSON schema files or module.function tools, not both")
+    if not files:
+        tools = load_tools(values, None, timeout_s, ToolKeys(tool="--tools", timeout="--tool_timeout_s"))
+        return (tools.schemas, tools) if tools else (None, None)
+    schemas = []
+    for file in files:
+        listed = json.loads(Path(file).read_text())
+        if not isinstance(listed, list):
+            raise ValueError(f"--tools {file}: expected a JSON list of tool schemas")
+        schemas += listed
+    return schemas, None
+
+
+def answer(chat: Chat, conversation: list[dict[str, Any]], schemas: list | None, tools: ToolBox | None,
+           args: argparse.Namespace) -> None:  # fmt: skip
+    """The assistant's answer to the conversation's last turn, printed and appended to it: with
+    `tools`, each round of its tool calls run and answered (GRPO's rollout loop), then its next turn."""
+    generate_kwargs = _generate_kwargs(args)
+    for round in range(args.max_tool_calling_iterations + 1):
+        reply = chat.reply(conversation, schemas, **generate_kwargs)
+        message, calls = parse_turn(reply.text) if tools else ({}, [])
+        if not calls or reply.cut:  # a turn cut inside a call is not run, as in training
+            conversation.append({"role": "assistant", "content": _print_reply(reply, args.show_reasoning,
+                                                                               args.max_new_tokens)})  # fmt: skip
+            return
+        if args.show_reasoning and message.get("reasoning_content"):
+            print(f"<think>\n{message['reasoning_content']}\n</think>")
+        if message["content"]:
+            print(message["content"])
+        if round == args.max_tool_calling_iterations:
+            print(f"(the model still calls tools after --max_tool_calling_iterations={round} rounds; "
+                  "its calls are not run)", file=sys.stderr)  # fmt: skip
+            conversation.append(message)
+            return
+        results = tools.run([(call, None) for call in calls])
+        for call, result in zip(calls, results):
+            called = f"{call.name} {json.dumps(call.arguments)}" if call.arguments is not None else "(no call)"
+            print(f"tool> {called} -> {result.content}", flush=True)
+        conversation += [message, *(result.message() for result in results)]
+
+
 def device_problem(device: str) -> str | None:
     """Why `--device` cannot run here, as the launcher's device=... says it; None when it can (or
     torch is left to judge a device type the framework does not know)."""
@@ -128,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", type=Path, help="an HF model dir (hf_export) or a run dir that exported one")
     parser.add_argument("--prompt", help="one user message: print the reply and exit")
     parser.add_argument("--system", help="a system message before the conversation")
-    parser.add_argument("--tools", type=Path, help="a JSON file holding a list of tool schemas")
+    parser.add_argument("--tools", action="append", default=[],
+                        help="a tool the model may call, module.function (repeatable); or a JSON file of schemas")
+    parser.add_argument("--tool_timeout_s", type=float, default=TOOL_TIMEOUT_S, help="the seconds a tool call may take")
+    parser.add_argument("--max_tool_calling_iterations", type=int, default=MAX_TOOL_CALLING_ITERATIONS,
+                        help="the most rounds of tool calls in one answer")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when there is one, else cpu)")
     parser.add_argument("--max_new_tokens", type=int, default=MAX_NEW_TOKENS, help="the most tokens of one reply")
     parser.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
@@ -138,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         model_dir = model_dir_of(args.path)
-        tools = json.loads(args.tools.read_text()) if args.tools else None
-        if tools is not None and not isinstance(tools, list):
-            raise ValueError(f"--tools {args.tools}: expected a JSON list of tool schemas")
+        if args.max_tool_calling_iterations < 0:
+            raise ValueError(f"--max_tool_calling_iterations {args.max_tool_calling_iterations}: the most rounds of "
+                             "tool calls in one answer, 0 or more")  # fmt: skip
+        schemas, tools = load_tool_flags(args.tools, args.tool_timeout_s)
         problem = device_problem(args.device) if args.device else None
         if problem:
             raise ValueError(f"--device {args.device} is not available: {problem}")
@@ -149,25 +209,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     history = [{"role": "system", "content": args.system}] if args.system else []
-    generate_kwargs = _generate_kwargs(args)
-    if args.prompt is not None:
-        _print_reply(chat.reply([*history, {"role": "user", "content": args.prompt}], tools, **generate_kwargs),
-                     args.show_reasoning, args.max_new_tokens)  # fmt: skip
-        return 0
-    conversation = list(history)
-    print(f"chatting with {model_dir} on {chat.device} (/reset clears the conversation, /exit or Ctrl-D leaves)")
-    while True:
-        try:
-            text = input("you> ")
-        except (EOFError, KeyboardInterrupt):
-            print()
+    try:
+        if args.prompt is not None:
+            answer(chat, [*history, {"role": "user", "content": args.prompt}], schemas, tools, args)
             return 0
-        if text.strip() == "/exit":
-            return 0
-        if text.strip() == "/reset":
-            conversation = list(history)
-            continue
-        conversation.append({"role": "user", "content": text})
-        reply = chat.reply(conversation, tools, **generate_kwargs)
-        answer = _print_reply(reply, args.show_reasoning, args.max_new_tokens)
-        conversation.append({"role": "assistant", "content": answer})
+        conversation = list(history)
+        print(f"chatting with {model_dir} on {chat.device} (/reset clears the conversation, /exit or Ctrl-D leaves)")
+        while True:
+            try:
+                text = input("you> ")
+            except (EOFError, KeyboardInterrupt):
+                print()
+                return 0
+            if text.strip() == "/exit":
+                return 0
+            if text.strip() == "/reset":
+                conversation = list(history)
+                continue
+            conversation.append({"role": "user", "content": text})
+            answer(chat, conversation, schemas, tools, args)
+    finally:
+        if tools:
+            tools.close()  # no tool process outlives the command
