@@ -241,7 +241,20 @@ def test_each_kto_unit_is_packed_with_its_prompt_and_the_previous_rows_completio
     assert dataset.stats["documents"] == 12
 
 
-# ---- the memory plan: ORPO and SimPO hold no reference -----------------------------------------
+# ---- their sections, and the memory plan: ORPO and SimPO hold no reference ----------------------
+
+
+def test_a_trainer_section_without_its_yaml_is_refused():
+    """A trainer's section comes whole from its YAML (its dataclass holds no defaults)."""
+    from qwen3_neuron.errors import ConfigError
+    from qwen3_neuron.fields import build_fields
+    from qwen3_neuron.job.settings import KTOSettings
+
+    with pytest.raises(ConfigError, match=r"^kto.desirable_weight is not set: the YAML that fills the kto section names "
+                                          r"every key of it \(beta, desirable_weight, undesirable_weight\).$"):
+        build_fields(KTOSettings, {"beta": 0.1}, "kto")
+    values = {"beta": 0.1, "desirable_weight": 1.0, "undesirable_weight": 2}
+    assert build_fields(KTOSettings, values, "kto") == KTOSettings(beta=0.1, desirable_weight=1.0, undesirable_weight=2.0)
 
 
 def test_orpo_and_simpo_plan_no_reference_and_less_memory_than_dpo(tmp_path, assets):

@@ -184,8 +184,8 @@ class DataSettings(SourceFields):
     kind: Literal["tiny", "c4", "text", "chat", "mix", "preference", "prompts"] = "tiny"
     """tiny / c4: torchtitan's registered data sets, as the `dataloader` section names them.
     text / chat / mix / preference: rows from `files` or `hf_dataset` (mix: `sources`) through
-    qwen3_neuron.data's PackedDataLoader; preference trains with DPO (the `preference` section),
-    prompts with GRPO (the `grpo` section)."""
+    qwen3_neuron.data's PackedDataLoader; preference trains with DPO (the `preference` section) or
+    trainer=orpo|simpo|kto, prompts with GRPO (the `grpo` section)."""
 
     streaming: bool = False
     """Stream rows instead of reading them map-style (corpora larger than memory)."""
@@ -230,7 +230,7 @@ class TrainerSettings:
     """The `trainer` group: the objective (`qwen3_neuron.trainers`)."""
 
     name: str | None = None
-    """sft | dpo | grpo; each data kind picks its own (conf/data/*.yaml); null: the data kind's."""
+    """sft | dpo | orpo | simpo | kto | grpo; each data kind picks its own (conf/data/*.yaml); null: the data kind's."""
 
 
 # The sections a `trainer` option fills (conf/trainer/<name>.yaml): each default is written there

@@ -257,8 +257,8 @@ def _sequence_logps(model, inputs, labels, extra_kwargs, sequence_ids) -> tuple[
 
 
 def _counts(sequence_ids: torch.Tensor) -> tuple[int, int]:
-    """(pairs, chosen tokens) in a batch: sequence ids run 0..2P-1 in each sample, even ids the
-    chosen responses (-1: no loss)."""
+    """(slots: pairs or KTO units, chosen tokens) in a batch: sequence ids run 0..2P-1 in each
+    sample, even ids the chosen responses (KTO: the completions; -1: no loss)."""
     pairs = int(((sequence_ids.max(dim=-1).values + 1) // 2).sum())
     return pairs, int(((sequence_ids >= 0) & (sequence_ids % 2 == 0)).sum())
 
