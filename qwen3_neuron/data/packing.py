@@ -87,7 +87,9 @@ class Packer:
         """Add one document; return the samples it completed."""
         return self._place((inputs, labels, list(range(len(inputs)))))
 
-    def add_together(self, documents: list[tuple[list[int], list[int]]], values: list[float] | None = None) -> list[Sample]:
+    def add_together(
+        self, documents: list[tuple[list[int], list[int]]], values: list[float] | None = None
+    ) -> list[Sample]:
         """Add documents that must land in one sample (a preference pair), each with its own
         positions (`values`: with `Packer.values`, a float per token of them all); return the
         samples completed."""
