@@ -227,7 +227,7 @@ class TrainerSettings:
     """The `trainer` group: the objective (`qwen3_neuron.trainers`)."""
 
     name: str | None = None
-    """sft | dpo | grpo; each data kind picks its own (conf/data/*.yaml); null: the data kind's."""
+    """sft | dpo | grpo | reward_model; each data kind picks its own (conf/data/*.yaml); null: the data kind's."""
 
 
 @dataclass(kw_only=True)

@@ -1,4 +1,4 @@
-"""One trainer per objective, named by the `trainer` config group (`trainer=sft|dpo|grpo`).
+"""One trainer per objective, named by the `trainer` config group (`trainer=sft|dpo|grpo|reward_model`).
 
 Each is a subclass of torchtitan's `Trainer` (torchtitan's own extension pattern, as its Flux
 trainer overrides `forward_backward_step` and `train_step`), built by the workers from the job
