@@ -59,7 +59,8 @@ def export_lora(trainer_config, run_dir: Path, finetune, export_dir: str | None 
     peft_state = {key: value.to(dtype) for key, value in {**peft_state, **saved_whole}.items()}
     adapter_dir = run_dir / ADAPTER_DIR_NAME
     with building(adapter_dir) as tmp_dir:
-        write_adapter(peft_state, finetune, _base_model(trainer_config), tmp_dir, sequence_classification=bool(saved_whole))
+        write_adapter(peft_state, finetune, _base_model(trainer_config), tmp_dir,
+                      sequence_classification=bool(saved_whole))  # fmt: skip
     logger.info("exported the LoRA adapter to %s", adapter_dir)
     if not finetune.merge_export:
         remove_hf_save(checkpoint_dir, step_dir)

@@ -28,7 +28,8 @@ SCORE_KEY = "score.weight"
 
 def sequence_classification_config(config: dict[str, Any], pad_token_id: int | None) -> dict[str, Any]:
     """A causal LM's config.json as the sequence-classification class with one label."""
-    architectures = [name.replace("ForCausalLM", "ForSequenceClassification") for name in config.get("architectures") or []]
+    causal = config.get("architectures") or []
+    architectures = [name.replace("ForCausalLM", "ForSequenceClassification") for name in causal]
     scored = {**config, "architectures": architectures, "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}
     if scored.get("pad_token_id") is None:
         scored["pad_token_id"] = pad_token_id

@@ -93,9 +93,8 @@ def scored_model_class(config_cls: type) -> type:
 
         def __init__(self, config) -> None:
             super().__init__(config)
-            self.score = Linear.Config(
-                in_features=config.dim, out_features=1, bias=False, param_init={"weight": partial(nn.init.normal_, std=INIT_STD)}
-            ).build()
+            init = {"weight": partial(nn.init.normal_, std=INIT_STD)}
+            self.score = Linear.Config(in_features=config.dim, out_features=1, bias=False, param_init=init).build()
 
         def forward(self, *args, **kwargs):
             """[batch, seq] scores: the final hidden states (lm_head skipped) through `score`."""

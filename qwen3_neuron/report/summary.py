@@ -58,7 +58,7 @@ def summarize(run_dir: Path, status: str, wall_seconds: float, **extra: Any) -> 
         "val_step": validations[-1]["step"] if validations else None,
         # data=preference: the DPO rewards of the last step's pairs, and of the last validation's
         **_preference(records[-1] if records else {}, validations[-1] if validations else {}),
-        # trainer=reward_model: TRL's accuracy, margin and mean reward of the last step's pairs and the last validation's
+        # trainer=reward_model: TRL's accuracy, margin, mean reward of the last step's pairs and last validation's
         **_reward_model(records[-1] if records else {}, validations[-1] if validations else {}),
         # data=prompts: the GRPO reward of the first and the last step's completions, and of the last validation's
         **_grpo([r for r in records if "reward" in r], validations[-1] if validations else {}),
@@ -266,7 +266,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     if summary.get("accuracy") is not None:  # trainer=reward_model
         lines.append(f"reward model: accuracy {summary['accuracy']:.2f}, margin {summary['margin']:.3f}")
         if summary.get("val_accuracy") is not None:
-            lines[-1] += f" (held-out pairs: accuracy {summary['val_accuracy']:.2f}, margin {summary['val_margin']:.3f})"
+            lines[-1] += (f" (held-out pairs: accuracy {summary['val_accuracy']:.2f}, "
+                          f"margin {summary['val_margin']:.3f})")  # fmt: skip
     if summary.get("reward") is not None:  # data=prompts
         lines.append(f"grpo: reward {summary['first_reward']:.4f} -> {summary['reward']:.4f}; completions "
                      f"{summary['completion_mean_length']:.1f} tokens on average, "

@@ -96,7 +96,8 @@ def check_reward_model(reward: RewardModel, policy_tokenizer_dir: str) -> None:
 def _check_is_reward_model(path: Path, key: str) -> None:
     config_file = path / CONFIG_FILE
     if not config_file.is_file():
-        adapter = " (a PEFT adapter: name the merged model dir, hf_export, instead)" if (path / "adapter_config.json").is_file() else ""
+        peft = (path / "adapter_config.json").is_file()
+        adapter = " (a PEFT adapter: name the merged model dir, hf_export, instead)" if peft else ""
         raise ConfigError(f"{key}: {path} is a directory without {CONFIG_FILE}, so no sequence-classification "
                           f"model{adapter}; a reward model dir is a trainer=reward_model run's hf_export.")  # fmt: skip
     config = json.loads(config_file.read_text(encoding="utf-8"))
@@ -105,7 +106,8 @@ def _check_is_reward_model(path: Path, key: str) -> None:
     if not any(name.endswith("ForSequenceClassification") for name in architectures) or labels != 1:
         raise ConfigError(f"{key}: {path} is no sequence-classification model with one label (its config.json: "
                           f"architectures {architectures}, {labels} labels); a reward model dir is a "
-                          "trainer=reward_model run's hf_export (Qwen3ForSequenceClassification, num_labels 1).")  # fmt: skip
+                          "trainer=reward_model run's hf_export (Qwen3ForSequenceClassification, "
+                          "num_labels 1).")  # fmt: skip
 
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}

@@ -51,7 +51,9 @@ def step_loss(losses: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
 SUM_NAMES = ("pairs", "loss", "accuracy", "margin", "mean_reward")
 
 
-def pair_metrics(rewards: torch.Tensor, losses: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_metrics(
+    rewards: torch.Tensor, losses: torch.Tensor, present: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(sums over the present pairs, to add across microbatches and ranks: [pairs, loss, correct,
     chosen - rejected, both scores]; extremes, to take the maximum of: [max score, -min score])."""
     rewards = rewards.detach()
