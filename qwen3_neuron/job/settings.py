@@ -230,7 +230,8 @@ class TrainerSettings:
     """The `trainer` group: the objective (`qwen3_neuron.trainers`)."""
 
     name: str | None = None
-    """sft | dpo | orpo | simpo | kto | reward_model | grpo; each data kind picks its own (conf/data/*.yaml); null: the data kind's."""
+    """sft | dpo | orpo | simpo | kto | reward_model | grpo; each data kind picks its own
+    (conf/data/*.yaml); null: the data kind's."""
 
 
 # The sections a `trainer` option fills (conf/trainer/<name>.yaml): each default is written there
