@@ -356,8 +356,8 @@ def test_a_launch_refused_by_the_plan_leaves_no_run_dir_when_its_workers_are_sto
 # (command, exit code, the console's exact first line on stderr). "{x}" fills in below.
 TOPLEVEL = ("activation_checkpoint, checkpoint, checkpointing, comm, compile, data, dataloader, debug, device, eval, "
             "experiment, finetune, grpo, hf, hf_assets_path, hydra, kernels, kto, loss, lr_scheduler, metrics, model, "
-            "optimizer, orpo, override, parallelism, preference, profiler, run, simpo, tokenizer, tracking, trainer, "
-            "training, validator")  # fmt: skip
+            "optimizer, orpo, override, parallelism, preference, profiler, reward_model, run, simpo, tokenizer, tracking, "
+            "trainer, training, validator")  # fmt: skip
 # CUDA asked for without a GPU: the sentence depends on the torch build (PyPI's Linux wheels from
 # 2.14 on are CUDA builds, which run on CPU; the CPU wheel cannot use a GPU at all)
 NO_CUDA = (

@@ -9,8 +9,8 @@ from qwen3_neuron.launch.hydra_setup import command_line_mistake
 
 SECTIONS = ("activation_checkpoint, checkpoint, checkpointing, comm, compile, data, dataloader, debug, device, eval, "
             "experiment, finetune, grpo, hf, hf_assets_path, hydra, kernels, kto, loss, lr_scheduler, metrics, model, "
-            "optimizer, orpo, override, parallelism, preference, profiler, run, simpo, tokenizer, tracking, trainer, "
-            "training, validator")  # fmt: skip
+            "optimizer, orpo, override, parallelism, preference, profiler, reward_model, run, simpo, tokenizer, tracking, "
+            "trainer, training, validator")  # fmt: skip
 
 
 @pytest.mark.parametrize("args, message", [

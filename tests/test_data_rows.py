@@ -37,7 +37,8 @@ SHIPPED = [
 
 
 def chat(path: Path, **keys) -> DataSource:
-    return DataSource(files=str(path), format="chat", **keys)
+    """A chat source as a launch reads it: data.max_dropped is conf/config.yaml's 0.1 unless given."""
+    return DataSource(files=str(path), format="chat", **{"max_dropped": 0.1, **keys})
 
 
 def test_rows_with_keys_others_lack_are_read_as_the_file_holds_them(tmp_path, tokenizer):
@@ -310,7 +311,7 @@ def test_a_long_streamed_pass_is_held_to_data_max_dropped_as_it_goes_not_only_at
     monkeypatch.setattr(dataset_module, "MAX_DROPPED_AFTER", 100)
     rows = [{"text": f"line {i}"} if i % 5 else {"text": None} for i in range(100)]
     path = write_jsonl(tmp_path / "corpus.jsonl", rows + [{"text": f"line {i}"} for i in range(200)])
-    source = DataSource(files=str(path), format="text")
+    source = DataSource(files=str(path), format="text", max_dropped=0.1)
     dataset = PackedDataset(source, tokenizer, seq_len=64, streaming=True, infinite=False)  # one pass
     with pytest.raises(DataError, match=r"^.*: 20 of the 100 rows rank 0 read are not trained \(20\.0 %"):
         list(dataset)

@@ -59,6 +59,7 @@ OPTIONS = {
     "experiment=cpu_qwen3_tiny_sft": [],
     "experiment=cpu_qwen3_tiny_dpo": [],
     "experiment=cpu_qwen3_tiny_preference": [],
+    "experiment=cpu_qwen3_tiny_reward_model": [],
     "experiment=cpu_qwen3_tiny_grpo": [],
     "experiment=optuna_lr": [],
     "experiment=trn2_qwen3_4b_hf": QWEN3_4B,

@@ -345,7 +345,8 @@ def test_the_native_scored_models_forward_is_the_head_on_the_last_hidden_states(
 
 @pytest.mark.parametrize("overrides, error", [
     (("data=preference", "reward_model.center_rewards_coefficient=0.01"),
-     "reward_model.center_rewards_coefficient applies to trainer=reward_model"),
+     "reward_model.center_rewards_coefficient is a setting of trainer=reward_model, and this run trains with "
+     "trainer=dpo"),
     (("data=preference", "trainer=reward_model", "reward_model.center_rewards_coefficient=-1"),
      "reward_model.center_rewards_coefficient must be >= 0"),
     (("data=chat", "trainer=reward_model"), "trainer=reward_model trains on data=preference rows"),
