@@ -62,7 +62,9 @@ class Job:
         store resolved (a relative path made absolute), and the framework's own sections checked on
         that device (`check_settings`: no torchtitan needed)."""
         composed = absolute_paths(self.composed, os.getcwd())
-        job = dataclasses.replace(self, composed=composed, settings=parse_settings(composed))
+        job = self  # parsed again only where a path changed (the settings are parsed once a launch otherwise)
+        if composed != self.composed:
+            job = dataclasses.replace(self, composed=composed, settings=parse_settings(composed))
         if self.settings.model.kind == "hf":
             found = find_model_dir(self.settings.model.hf_model)
             job = dataclasses.replace(job._with("model", hf_model=str(found.path)), model_dir=found)
