@@ -10,6 +10,7 @@ kernel with; cpu_qwen3_tiny_hf is tests/test_hf_integration.py's `hf_run`, expor
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import compose_config, compose_job, launch, launch_of, plan_of
@@ -145,7 +146,10 @@ def test_the_plus_form_of_experiment_still_selects_it():
 
 
 def test_trn2_qwen3_4b_sft_plans_chat_sft_with_validation_on_64_ranks(tmp_path, assets):
-    files = f"data.files={assets.chat_train_file}"
+    # 6 x the bundled conversations: data.val_fraction=0.02 carves at least one row for each of 64 ranks
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(Path(assets.chat_train_file).read_text() * 6)
+    files = f"data.files={chats}"
     try:
         plan = dry_run(tmp_path, "trn2_qwen3_4b_sft", files)
     except ConfigError as e:  # the published weights are not in this machine's HF cache
@@ -155,7 +159,7 @@ def test_trn2_qwen3_4b_sft_plans_chat_sft_with_validation_on_64_ranks(tmp_path, 
     config = plan.trainer_config
     [source] = config.dataloader.sources
     assert (source.format, source.files, source.val_fraction, source.train_on_prompt) == (
-        "chat", str(assets.chat_train_file), 0.02, False)  # fmt: skip
+        "chat", str(chats), 0.02, False)  # fmt: skip
     assert config.validator.enable and config.validator.dataloader.role == "validation"
     assert config.hf_assets_path == plan.job.composed["model"]["hf_model"]  # the model dir's own tokenizer
     assert config.checkpoint.initial_load_in_hf and config.checkpoint.last_save_in_hf
@@ -164,7 +168,7 @@ def test_trn2_qwen3_4b_sft_plans_chat_sft_with_validation_on_64_ranks(tmp_path, 
 def test_trn2_qwen3_4b_grpo_plans_lora_grpo_with_held_out_prompts_and_one_generation_shape(tmp_path, assets):
     rows = tmp_path / "math.jsonl"
     rows.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
-                                        "answer": str(2 * i)}) + "\n" for i in range(100)))  # fmt: skip
+                                        "answer": str(2 * i)}) + "\n" for i in range(3200)))  # fmt: skip
     files = f"data.files={rows}"
     try:
         plan = dry_run(tmp_path, "trn2_qwen3_4b_grpo", files)

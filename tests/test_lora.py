@@ -448,7 +448,9 @@ def test_lora_memory_estimate_keeps_the_frozen_base_and_drops_its_gradients(asse
 def test_trn2_qwen3_4b_lora_names_the_published_weights_and_plans_64_lora_ranks(assets, tmp_path):
     from qwen3_neuron.errors import ConfigError
 
-    files = f"data.files={assets.chat_train_file}"
+    chats = tmp_path / "chats.jsonl"  # 6 x the bundled conversations: val_fraction=0.02 feeds each of 64 ranks
+    chats.write_text(Path(assets.chat_train_file).read_text() * 6)
+    files = f"data.files={chats}"
     composed = compose_config("experiment=trn2_qwen3_4b_lora", "run.dry_run=true", files)
     assert composed["finetune"] == {**composed["finetune"], "method": "lora", "rank": 16, "alpha": 32.0}
     with pytest.raises(ConfigError, match="initial_load_path=/fsx/models/Qwen3-4B-Instruct-2507"):
@@ -465,7 +467,7 @@ def test_trn2_qwen3_4b_lora_names_the_published_weights_and_plans_64_lora_ranks(
     checkpoint = config.checkpoint
     assert checkpoint.initial_load_in_hf and checkpoint.last_save_in_hf and checkpoint.export_dtype == "bfloat16"
     [source] = config.dataloader.sources  # the user's conversations, with the weights' own tokenizer
-    assert (source.format, source.files, source.val_fraction) == ("chat", str(assets.chat_train_file), 0.02)
+    assert (source.format, source.files, source.val_fraction) == ("chat", str(chats), 0.02)
     assert config.hf_assets_path == str(assets.tiny_qwen3_dir) and config.validator.enable
 
 
