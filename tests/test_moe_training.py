@@ -1,10 +1,11 @@
-"""Integration: model=moe trains on two CPU ranks with the blockwise kernel and a user's own kernel,
-step for step as each other in float32, and compiled (torch.compile, torchtitan's per-block compile).
+"""Integration: model=moe trains with the blockwise kernel and a user's own kernel, step for step as
+each other in float32, and compiled (torch.compile, torchtitan's per-block compile) on two CPU ranks.
 
-All are experiment=cpu_qwen3_tiny_moe (tiny MoE, 2 ranks, 5 steps) with its experts swapped or
-compiled: the compiled run compares with the experiment as it is, conftest.py's `moe_experiment_run`,
-which tests/test_experiments.py asserts on too. Which modules ran is what the workers recorded
-(summary.json's `overrides`, `compiled`: worker/what_ran.py), not what the plan said."""
+All are experiment=cpu_qwen3_tiny_moe (tiny MoE, 5 steps) with its experts swapped or compiled: the
+compiled run compares with the experiment as it is (2 ranks, the blockwise kernel in bf16),
+conftest.py's `moe_experiment_run`, which tests/test_experiments.py asserts on too. Which modules ran
+is what the workers recorded (summary.json's `overrides`, `compiled`: worker/what_ran.py), not what
+the plan said."""
 
 from __future__ import annotations
 
@@ -17,16 +18,19 @@ from conftest import read_jsonl, trained
 pytestmark = pytest.mark.integration
 
 EXPERIMENT = "experiment=cpu_qwen3_tiny_moe"
-STEPS, TOKENS = 5, 2 * 2 * 128  # the experiment's steps and tokens per step (2 ranks x 2 x 128)
+STEPS, TOKENS = 5, 4 * 64  # the experiment's steps; the kernels' comparison's tokens a step (FLOAT32)
 BLOCKWISE = "qwen3_neuron.kernels.moe.blockwise.blockwise_experts"
 MY_EXPERTS = "examples.my_moe.my_experts"
 EXPERTS = [f"layers.{i}.moe.routed_experts.inner_experts" for i in range(2)]  # the tiny MoE's two layers
-# Every matmul in float32: the parameters FSDP gathers (this CPU's bf16 units would make them bf16) and
-# the experts' (bf16 in torchtitan's and the kernels' defaults), through the factories' keyword
-# arguments; every token to all 8 experts, a continuous routing (tests/test_parallelism.py says why).
-FLOAT32 = ("training.mixed_precision_param=float32", "kernels=none", "model.top_k=8")
+# The kernels' comparison: every matmul in float32, the parameters FSDP gathers (this CPU's bf16 units
+# would make them bf16) and the experts' (bf16 in torchtitan's and the kernels' defaults, float32 through
+# the factories' keyword arguments); every token to all 8 experts, a continuous routing
+# (tests/test_parallelism.py says why); one rank, 4 rows of 64 tokens, what the kernels need (the
+# experiment's own run has the blockwise kernel on two ranks).
+FLOAT32 = ("training.mixed_precision_param=float32", "kernels=none", "model.top_k=8", "run.nproc_per_node=1",
+           "training.local_batch_size=4", "training.seq_len=64")  # fmt: skip
 FLOAT32_REFERENCE = f"override.imports=[[{MY_EXPERTS},{{compute_dtype:float32}}]]"
-# blocks of 48: each expert's 256 rows a rank fill 5 and a sixth with 32 rows of padding
+# blocks of 48: each expert's 256 rows fill 5 and a sixth with 32 rows of padding
 FLOAT32_BLOCKWISE = f"override.imports=[[{BLOCKWISE},{{block_size:48,compute_dtype:float32}}]]"
 
 
@@ -39,14 +43,16 @@ def losses(run_dir):
 
 
 def tolerance(steps: int) -> dict[str, float]:
-    """Two float32 kernels of the same layout differ in the order of their sums only: the bound of
-    tests/test_parallelism.py's `tolerance` (u = 2^-24; LAMBDA sqrt(n) u for n sums' roundings, of
-    either sign), over TOKENS = 512 token losses below 8 each and `steps` steps, and sums of squares
-    over up to 2048 x 256 entries for the grad norm: loss 4.3e-5 at step 1, 9.7e-5 at step 5; grad
-    norm 1.8e-4 relative. Measured: 4.8e-7 (1 ulp) and 2.0e-7 at most, under ONEDNN_MAX_CPU_ISA=AVX2,
-    AVX512_CORE and ATEN_CPU_CAPABILITY=avx2 too."""
-    rounding = 4 * math.sqrt(TOKENS * steps) * 2.0**-24
-    return dict(loss=rounding * 8.0, grad_norm=rounding + 4 * math.sqrt(2048 * 256) * 2.0**-24)
+    """Two float32 kernels differ in the order of their sums only: tests/test_parallelism.py's bound
+    (u = 2^-24, LAMBDA = 4) for TOKENS = 256 token losses below 8 each and sums of squares over up to
+    2048 x 256 entries: loss 3.5e-5 at step 1 and 7.9e-5 at step 5, grad norm 1.1e-4 and 1.2e-4
+    relative. Measured: 4.8e-7 (1 ulp) and 0 at most; 1.8e-4 and 2.8e-4 with the reference's
+    experts in bf16, 1.9e-4 in the loss with the blockwise kernel's."""
+    u, lam, loss, largest = 2.0**-24, 4, 8.0, 2048 * 256
+    return dict(
+        loss=2 * lam * math.sqrt(steps * TOKENS / 3) * u * loss,
+        grad_norm=lam * math.sqrt(largest / 3) * u + 2 * lam * math.sqrt(steps * TOKENS) * u,
+    )
 
 
 def assert_tracks(run_dir, reference) -> None:
@@ -71,17 +77,19 @@ def float32_reference(tmp_path_factory, assets):
 def test_blockwise_tracks_the_float32_reference_step_for_step(tmp_path, float32_reference):
     run_dir = trained(tmp_path / "run", EXPERIMENT, *FLOAT32, FLOAT32_BLOCKWISE)
     assert_tracks(run_dir, float32_reference)
-    # every rank's model ran the blockwise experts in both layers
+    # the worker ran the blockwise experts in both layers, their factory given block_size and compute_dtype
     assert summary_of(run_dir)["overrides"][BLOCKWISE] == dict.fromkeys(
         EXPERTS, "qwen3_neuron.kernels.moe.blockwise.BlockwiseGroupedExperts"
     )
+    applied = "BlockwiseGroupedExperts.Config with block_size=48, compute_dtype='float32'"  # torchtitan's line
+    assert (run_dir / "train.log").read_text().count(applied) == 2
     assert BLOCKWISE not in summary_of(float32_reference)["overrides"]
 
 
 @pytest.mark.numerics
 def test_the_example_user_kernel_trains_with_its_factorys_keyword_argument(float32_reference):
-    """The example's factory took compute_dtype=float32 from override.imports (the blockwise test
-    above holds the run to float32's rounding), and the workers ran its experts in both layers."""
+    """The example's factory took compute_dtype=float32 from override.imports (torchtitan's line in
+    the worker's log), and the worker ran its experts in both layers."""
     assert summary_of(float32_reference)["overrides"][MY_EXPERTS] == dict.fromkeys(
         EXPERTS, "examples.my_moe.LoopExperts"
     )

@@ -342,42 +342,52 @@ def test_run_keys_reach_the_torchrun_command(tmp_path, assets):
 #   breaks a near tie the other way sends a token to another expert, a jump no rounding bound covers
 #   (two float32 expert kernels, bit-identical for 4 steps, then 9.3e-5 apart in the loss under
 #   ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2). The scores still weigh each expert's output.
+#   Sequences of 128 pay for the 4x expert rows in float32 (a launch's CPU seconds as before, or less).
 # (A random init would differ too: DTensor's RNG is not sharding-invariant on CPU.)
 NUMERICS = ("data=text", "data.streaming=true", "data.overlong=truncate", "data.packing=none", "training.seq_len=256",
             "training.mixed_precision_param=float32", "training.steps=10", "checkpointing=from_hf")  # fmt: skip
-STEPS, GLOBAL_TOKENS = 10, 2 * 256  # per step, padding included (torchtitan counts every label)
+STEPS = 10
 DENSE, MOE = "experiment=cpu_qwen3_tiny_native", "experiment=cpu_qwen3_tiny_moe"
-FLOAT32_EXPERTS = ("kernels=none", "override.imports=[[examples.my_moe.my_experts,{compute_dtype:float32}]]",
-                   "model.top_k=8")  # fmt: skip
+MOE_NUMERICS = ("kernels=none", "override.imports=[[examples.my_moe.my_experts,{compute_dtype:float32}]]",
+                "model.top_k=8", "training.seq_len=128")  # fmt: skip
 
 # How close a layout must come to one rank, from float32's unit roundoff u = 2^-24: all a layout
 # changes is the order of float32 sums (a same-config repeat is bit-identical: the MoE test below).
-# A float32 sum of n terms rounds by at most (n - 1) u of the magnitudes summed (511 u of the loss:
-# 2.4e-4 a step, never approached); its n roundings, of either sign, add up to about sqrt(n) u, and
-# (to first order, by Hoeffding's inequality for independent roundings of mean zero: Higham and
-# Mary's model, SIAM J. Sci. Comput. 2019) to less than LAMBDA sqrt(n) u with probability at least
-# 1 - 2 exp(-LAMBDA^2 / 2): 1 - 7e-4 at LAMBDA = 4.
-# - loss: the mean of GLOBAL_TOKENS = 512 token losses, each below LOSS = 8 (7.7 at step 1):
-#   LAMBDA sqrt(512) u LOSS = 4.3e-5 at step 1. Each later step adds its own: AdamW moves a weight
-#   by lr x m / (sqrt(v) + eps), a ratio that keeps the gradients' relative rounding, so the next
-#   loss by that fraction of what one update moves it (less than LOSS); s steps' independent
-#   roundings add up to LAMBDA sqrt(512 s) u LOSS, 1.4e-4 at step 10.
-# - grad norm: the square root of a sum of squares over up to LARGEST = 2048 x 256 entries (the
-#   embedding, lm_head, an MoE layer's w1, w2, w3), whole on one rank and in shards on two: LAMBDA
-#   sqrt(LARGEST) u apart, relative, plus the gradients' own LAMBDA sqrt(512 s) u: 1.8e-4 at step 1,
-#   1.9e-4 at step 10.
+# A float32 sum of n terms rounds by at most (n - 1) u of the magnitudes summed (511 u of the loss,
+# 2.4e-4 a step: never approached). To first order its rounding is a sum of n independent roundings
+# of mean zero (Higham and Mary's model, SIAM J. Sci. Comput. 2019), each at most u of a partial sum,
+# so by Hoeffding's inequality below LAMBDA sqrt(n) u of the magnitudes summed, or LAMBDA sqrt(n / 3) u
+# of the total for positive terms (partial sums rising to it), with probability 1 - 2 exp(-LAMBDA^2 / 2):
+# 1 - 7e-4 at LAMBDA = 4. Two orders of one sum differ by up to twice that. With T tokens a step (2 x 256
+# dense, 2 x 128 MoE):
+# - loss: the mean of T token losses, each below LOSS = 8 (7.7 at step 1): 2 LAMBDA sqrt(T / 3) u LOSS
+#   at step 1 (5.0e-5 dense, 3.5e-5 MoE). Each later step adds its own: AdamW moves a weight by
+#   lr x m / (sqrt(v) + eps), a ratio that keeps the gradients' relative rounding, so the next loss by
+#   that fraction of what one update moves it (less than LOSS); s steps' independent roundings add up to
+#   2 LAMBDA sqrt(s T / 3) u LOSS (1.6e-4 and 1.1e-4 at step 10).
+# - grad norm: the square root of a sum of squares over up to LARGEST = 2048 x 256 entries (the embedding,
+#   lm_head, an MoE layer's w1, w2, w3), whole on one rank and in shards on two: LAMBDA sqrt(LARGEST / 3) u
+#   apart, relative (1.0e-4), plus the gradients', sums over the T tokens of either sign: 2 LAMBDA
+#   sqrt(s T) u (3.4e-5 dense, 2.4e-5 MoE at step 10).
 # Measured (AMD EPYC, torch 2.13; the same under ONEDNN_MAX_CPU_ISA=AVX2 or AVX512_CORE, and under
 # ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2, which do change float32's roundings): at most
-# 9.5e-7 (2 ulps) in the loss and 3.6e-5 in the grad norm, every layout. A gradient summed instead of
-# averaged over the 2 ranks shows as a grad norm twice one rank's (1.0 relative). (bf16 experts at
-# top 8 stay inside the bound: 7.6e-5 and 9.7e-5 at most for the one-rank reference's.)
+# 9.5e-7 (2 ulps) in the loss and 3.6e-5 in the grad norm. A gradient summed instead of averaged over the
+# 2 ranks shows as a grad norm twice one rank's (1.0 relative); torchtitan's bf16 experts in the one-rank
+# reference move EP 2's grad norm 1.8e-4 (its loss 7.3e-5, inside the loss's bound).
 U, LAMBDA, LOSS, LARGEST = 2.0**-24, 4, 8.0, 2048 * 256
 
 
-def tolerance(steps: int) -> dict[str, float]:
+def tolerance(steps: int, tokens: int) -> dict[str, float]:
     """The bound above on |loss - one rank's| and |grad norm / one rank's - 1| after `steps` steps."""
-    rounding = LAMBDA * math.sqrt(GLOBAL_TOKENS * steps) * U
-    return dict(loss=rounding * LOSS, grad_norm=rounding + LAMBDA * math.sqrt(LARGEST) * U)
+    return dict(
+        loss=2 * LAMBDA * math.sqrt(steps * tokens / 3) * U * LOSS,
+        grad_norm=LAMBDA * math.sqrt(LARGEST / 3) * U + 2 * LAMBDA * math.sqrt(steps * tokens) * U,
+    )
+
+
+def tokens_per_step(run_dir: Path) -> int:
+    """The global batch of 2 rows of the run's seq_len, padding included (torchtitan counts every label)."""
+    return 2 * json.loads((run_dir / "trainer_config.json").read_text())["training"]["seq_len"]
 
 
 def losses(run_dir: Path) -> list[float]:
@@ -404,12 +414,12 @@ def dense_one_rank(tmp_path_factory, assets) -> Path:
 
 @pytest.fixture(scope="module")
 def moe_one_rank(tmp_path_factory, assets) -> Path:
-    """float32 experts, every token to all 8 (FLOAT32_EXPERTS). One thread, as each of the two-rank
+    """float32 experts, every token to all 8 (MOE_NUMERICS). One thread, as each of the two-rank
     runs has (the launcher gives a rank cores // ranks): with two, repeats of this run with
     torchtitan's bf16 experts differed from step 2 on (by up to 1.3e-3 in the loss, an Intel Xeon
     with AVX512-BF16), where one-thread runs repeat bit for bit."""
     run_dir = tmp_path_factory.mktemp("moe-one-rank") / "run"
-    return numerics_run(run_dir, MOE, assets.tiny_qwen3_moe_dir, *FLOAT32_EXPERTS, *SINGLE, threads=1)
+    return numerics_run(run_dir, MOE, assets.tiny_qwen3_moe_dir, *MOE_NUMERICS, *SINGLE, threads=1)
 
 
 ONE_RANK = {DENSE: "dense_one_rank", MOE: "moe_one_rank"}  # what each model's layouts compare with
@@ -420,7 +430,7 @@ def assert_trains_like(run_dir: Path, reference: Path) -> None:
     ran, expected = read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(reference / "metrics.jsonl")
     print(f"{run_dir}: {[(r['loss'], r['grad_norm']) for r in ran]}")  # the numbers behind a failure
     assert [r["step"] for r in ran] == [r["step"] for r in expected] == list(range(1, STEPS + 1))
-    first, every = tolerance(1), tolerance(STEPS)
+    first, every = tolerance(1, tokens_per_step(reference)), tolerance(STEPS, tokens_per_step(reference))
     assert ran[0]["loss"] == pytest.approx(expected[0]["loss"], abs=first["loss"])
     assert ran[0]["grad_norm"] == pytest.approx(expected[0]["grad_norm"], rel=first["grad_norm"])
     assert [r["loss"] for r in ran] == pytest.approx([r["loss"] for r in expected], abs=every["loss"])
@@ -438,7 +448,7 @@ def assert_job_wide_speed(run_dir: Path, ranks: int) -> None:
     assert summary["ranks"] == peak["ranks"] == ranks
     records = read_jsonl(run_dir / "metrics.jsonl")
     seconds = records[-1]["elapsed_seconds"] - records[0]["elapsed_seconds"]
-    step_times = [GLOBAL_TOKENS / record["tokens_per_second"] for record in records[1:]]
+    step_times = [tokens_per_step(run_dir) / record["tokens_per_second"] for record in records[1:]]
     assert sum(step_times) == pytest.approx(seconds, rel=0.05)
     for record in records:
         assert record["tokens_per_second"] == pytest.approx(record["tps_per_device"] * ranks)
@@ -458,7 +468,7 @@ LAYOUTS = {
     "cp": (DENSE, ["parallelism=cp", "training.local_batch_size=2", *MODEL_PARALLEL_BACKEND],
            "dp_replicate=1, dp_shard=1, cp=2, tp=1, ep=1"),
     # EP 2 borrows FSDP's 2 ranks: each holds 4 of the 8 experts and reads a batch of 1
-    "ep": (MOE, [*FLOAT32_EXPERTS, "parallelism=ep", "training.local_batch_size=1", *MODEL_PARALLEL_BACKEND],
+    "ep": (MOE, [*MOE_NUMERICS, "parallelism=ep", "training.local_batch_size=1", *MODEL_PARALLEL_BACKEND],
            "dp_replicate=1, dp_shard=2, cp=1, tp=1, ep=2"),
 }  # fmt: skip
 
@@ -479,7 +489,7 @@ def test_each_layout_on_two_ranks_trains_10_steps_like_one_rank(tmp_path, assets
 def test_the_same_moe_run_again_gives_the_same_losses_bit_for_bit(tmp_path, assets, moe_one_rank):
     """Same config, same seed, one thread: the README's promise, on the MoE (routing, token
     dispatch, the experts' loop)."""
-    again = numerics_run(tmp_path / "again", MOE, assets.tiny_qwen3_moe_dir, *FLOAT32_EXPERTS, *SINGLE, threads=1)
+    again = numerics_run(tmp_path / "again", MOE, assets.tiny_qwen3_moe_dir, *MOE_NUMERICS, *SINGLE, threads=1)
     ran, first = read_jsonl(again / "metrics.jsonl"), read_jsonl(moe_one_rank / "metrics.jsonl")
     assert [(r["loss"], r["grad_norm"]) for r in ran] == [(r["loss"], r["grad_norm"]) for r in first]
 
