@@ -31,3 +31,28 @@ class ObjectiveTrainer(Trainer):
 
 class SFTTrainer(ObjectiveTrainer):
     """The language-model loss (data=text|chat|mix: chat rows' assistant tokens only): torchtitan's own step."""
+
+
+class StepTrainer(ObjectiveTrainer):
+    """An objective whose step is an object of its own (`make_step`, handed torchtitan's own
+    `train_step`, the microbatch loop): GRPO's and the preference family's. The step registers its
+    metrics, held-out measure and checkpoint states; its `frozen` reference, if any, is held."""
+
+    def __init__(self, config: Trainer.Config, *, settings, seed: int):
+        super().__init__(config, settings=settings, seed=seed)
+        self.objective_step = self.make_step(super().train_step)
+        self.objective_step.register()
+
+    def make_step(self, base_train_step):
+        raise NotImplementedError
+
+    def train_step(self, data_iterator) -> None:
+        self.objective_step.train_step(data_iterator)
+
+    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens) -> torch.Tensor:
+        return self.objective_step.forward_backward_step(input_dict=input_dict, labels=labels,
+                                                         global_valid_tokens=global_valid_tokens)  # fmt: skip
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        frozen = self.objective_step.frozen
+        return frozen.copies if frozen is not None else []

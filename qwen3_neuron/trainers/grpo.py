@@ -66,7 +66,7 @@ from qwen3_neuron.generation.sampling import Sampler, logits_warpers
 from qwen3_neuron.generation.tools import FAILURES, environment_reward, load_tools
 from qwen3_neuron.models.logprobs import model_token_logps
 from qwen3_neuron.rewards.calls import Rewards, load_rewards
-from qwen3_neuron.trainers.base import ObjectiveTrainer
+from qwen3_neuron.trainers.base import StepTrainer
 from qwen3_neuron.trainers.reference import FrozenReference, adapters_off
 from qwen3_neuron.hf_backend import HF_BACKEND_NAME
 
@@ -440,20 +440,8 @@ def rewards_of(grpo, tools, device=None) -> Rewards:
     return rewards
 
 
-class GRPOTrainer(ObjectiveTrainer):
+class GRPOTrainer(StepTrainer):
     """trainer=grpo (data=prompts): torchtitan's trainer taking GRPO steps (`GRPOStep`)."""
 
-    def __init__(self, config, *, settings, seed: int):
-        super().__init__(config, settings=settings, seed=seed)
-        self.grpo = GRPOStep(self, settings.grpo, seed, self.lora, super().train_step)
-        self.grpo.register()
-
-    def train_step(self, data_iterator: Iterator) -> None:
-        self.grpo.train_step(data_iterator)
-
-    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens) -> torch.Tensor:
-        return self.grpo.forward_backward_step(input_dict=input_dict, labels=labels,
-                                               global_valid_tokens=global_valid_tokens)  # fmt: skip
-
-    def held_tensors(self) -> list[torch.Tensor]:
-        return self.grpo.frozen.copies if self.grpo.frozen is not None else []
+    def make_step(self, base_train_step) -> GRPOStep:
+        return GRPOStep(self, self.settings.grpo, self.seed, self.lora, base_train_step)

@@ -36,7 +36,7 @@ from torchtitan.distributed import utils as dist_utils
 from qwen3_neuron.data.packing import DESIRABLE, SEQUENCE_IDS
 from qwen3_neuron.models.logprobs import model_token_logps
 from qwen3_neuron.trainers import KEEPS_REFERENCE
-from qwen3_neuron.trainers.base import ObjectiveTrainer
+from qwen3_neuron.trainers.base import StepTrainer
 from qwen3_neuron.trainers.reference import FrozenReference, adapters_off
 
 METRIC_PREFIX = "preference/"  # the step's objective metrics in torchtitan's metrics dict
@@ -263,26 +263,14 @@ def _counts(sequence_ids: torch.Tensor) -> tuple[int, int]:
     return pairs, int(((sequence_ids >= 0) & (sequence_ids % 2 == 0)).sum())
 
 
-class PreferenceTrainer(ObjectiveTrainer):
+class PreferenceTrainer(StepTrainer):
     """A preference objective's trainer (data=preference): torchtitan's trainer taking
     `PreferenceStep`s of the objective `make_objective` builds from the job's settings."""
 
-    def __init__(self, config, *, settings, seed: int):
-        super().__init__(config, settings=settings, seed=seed)
-        self.preference = PreferenceStep(self, self.make_objective(settings), lora=self.lora,
-                                         reference=settings.trainer.name in KEEPS_REFERENCE,
-                                         base_train_step=super().train_step)  # fmt: skip
-        self.preference.register()
+    def make_step(self, base_train_step) -> PreferenceStep:
+        return PreferenceStep(self, self.make_objective(self.settings), lora=self.lora,
+                              reference=self.settings.trainer.name in KEEPS_REFERENCE,
+                              base_train_step=base_train_step)  # fmt: skip
 
     def make_objective(self, settings) -> PreferenceObjective:
         raise NotImplementedError
-
-    def train_step(self, data_iterator: Iterator) -> None:
-        self.preference.train_step(data_iterator)
-
-    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens) -> torch.Tensor:
-        return self.preference.forward_backward_step(input_dict=input_dict, labels=labels,
-                                                     global_valid_tokens=global_valid_tokens)  # fmt: skip
-
-    def held_tensors(self) -> list[torch.Tensor]:
-        return self.preference.frozen.copies if self.preference.frozen is not None else []
