@@ -45,7 +45,7 @@ def test_a_model_hf_launch_reads_the_model_dirs_config_once_per_process(hf_lora_
     assert process_counts(hf_lora_run) == {
         "launcher parse": 1, "launcher check": 1, "launcher config.json": 1,
         "rank0 parse": 1, "rank0 build": 1, "rank0 config.json": 2,
-        "rank1 parse": 1, "rank1 build": 1, "rank1 config.json": 1, "torchrun torchtitan import": 1,
+        "rank1 parse": 1, "rank1 build": 1, "rank1 config.json": 1, "torchrun torch import": 1, "torchrun torchtitan import": 1,
     }  # fmt: skip
 
 

@@ -50,7 +50,7 @@ def test_each_process_parses_the_job_once_and_each_rank_builds_its_config_once(d
     once, by the process that forks the ranks. No plan request is left (there is none)."""
     assert process_counts(default_run) == {
         "launcher parse": 1, "launcher check": 1, "rank0 parse": 1, "rank0 build": 1, "rank1 parse": 1,
-        "rank1 build": 1, "torchrun torchtitan import": 1,
+        "rank1 build": 1, "torchrun torch import": 1, "torchrun torchtitan import": 1,
     }  # fmt: skip
     assert [p.name for p in default_run.glob(".plan_*")] == []
 

@@ -35,7 +35,7 @@ from qwen3_neuron.finetune.peft_format import (
 )
 from qwen3_neuron.hf_io.export import EXPORT_DIR_NAME, export_hf_model, last_hf_save, remove_hf_save
 from qwen3_neuron.hf_io.reward_model_export import peft_head
-from qwen3_neuron.models.score_head import score_head_path
+from qwen3_neuron.models.hf.model_dir import score_head_path
 
 logger = logging.getLogger(__name__)
 

@@ -41,8 +41,7 @@ from qwen3_neuron.hf_backend import HF_BACKEND_NAME
 from qwen3_neuron.hf_io.generation import GENERATION_CONFIG_FILE, stop_at_end_of_turn
 from qwen3_neuron.hf_io.reward_model_export import sequence_classification_config, write_scored_weights
 from qwen3_neuron.hf_io.verify import check_model_dir
-from qwen3_neuron.models.hf.model_dir import CONFIG_FILE, INDEX_FILE, native_architecture
-from qwen3_neuron.models.score_head import score_head_path
+from qwen3_neuron.models.hf.model_dir import CONFIG_FILE, INDEX_FILE, native_architecture, score_head_path
 
 logger = logging.getLogger(__name__)
 

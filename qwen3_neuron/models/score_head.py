@@ -29,20 +29,15 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from functools import cache, partial
-from pathlib import Path
 
 from torch import nn
 from torchtitan.models.common.linear import Linear
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.protocols.model_spec import ModelSpec
 
-SCORE_MODULE = "score"  # Transformers' name: Qwen3ForSequenceClassification.score
+from qwen3_neuron.models.hf.model_dir import SCORE_MODULE
+
 INIT_STD = 0.02  # Qwen3's initializer_range (torchtitan's backend sets the config's to 1.0 for its own init)
-
-
-def score_head_path(step_dir: Path) -> Path:
-    """Where the trainer writes the trained head (`score.weight`, float32) beside an HF save."""
-    return Path(step_dir) / SCORE_MODULE / "score.safetensors"
 
 
 def is_score_key(key: str) -> bool:

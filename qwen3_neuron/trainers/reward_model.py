@@ -14,7 +14,7 @@ Held-out pairs (`data.val_files` / `data.val_fraction`) give the same metrics (`
 tokens (`held_out_scores/rank_N.jsonl`), so a reader sees which pairs the model gets wrong.
 
 After the last step, with checkpointing=export_hf, the trained head is written beside the last HF
-save (`models.score_head.score_head_path`): the HF save holds the causal LM's weights alone, and
+save (`models.hf.model_dir.score_head_path`): the HF save holds the causal LM's weights alone, and
 the export (`hf_io.reward_model_export`) makes of both a Qwen3ForSequenceClassification dir.
 """
 
@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.distributed import utils as dist_utils
 
 from qwen3_neuron.data.packing import MARGINS, SEQUENCE_IDS
-from qwen3_neuron.models.score_head import score_head_path
+from qwen3_neuron.models.hf.model_dir import score_head_path
 from qwen3_neuron.trainers.base import ObjectiveTrainer
 from qwen3_neuron.trainers.preference_step import METRIC_PREFIX, VALIDATION_PREFIX
 from qwen3_neuron.trainers.reward_model_loss import (

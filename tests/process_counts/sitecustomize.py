@@ -9,8 +9,8 @@ read of a `config.json` by the project's code (Python's audit event for every op
 the first caller outside the standard library is ours; Transformers' own reads, inside
 torchtitan's backend, are not the project's) appends a line naming the process to the file
 $QWEN3_NEURON_TEST_COUNTS: `launcher parse`, `rank1 build`, `rank0 config.json`, ...; so does each
-first import of torchtitan's trainer (`torchrun torchtitan import`: the process that forks a CPU
-job's ranks).
+first import of torch and of torchtitan (`torchrun torchtitan import`: the process that forks a
+CPU job's ranks; the launcher imports neither).
 """
 
 import os
@@ -21,7 +21,10 @@ if os.environ.get("QWEN3_NEURON_TEST_COUNTS"):
 
     def count(what):
         process = (f"rank{os.environ['RANK']}" if "RANK" in os.environ
-                   else "torchrun" if "torchrun" in sys.argv[0] else "launcher")  # fmt: skip
+                   else "torchrun" if "torchrun" in sys.argv[0]
+                   else "launcher" if sys.argv[0].endswith("launch.py") else None)  # fmt: skip
+        if process is None:  # a helper a rank started (the matmul peak's measurement): not the launch's own
+            return
         with open(os.environ["QWEN3_NEURON_TEST_COUNTS"], "a") as file:
             file.write(f"{process} {what}\n")
 
@@ -61,13 +64,25 @@ if os.environ.get("QWEN3_NEURON_TEST_COUNTS"):
 
     sys.addaudithook(counted_open)
 
-    class CountedTorchtitanImport:
-        """Asked only while `torchtitan.trainer` is not imported yet: once a process, or never in a
-        rank forked from a process that imported it."""
+    class CountedImport:
+        """Asked for a top-level package only while it is not imported yet: once a process, or
+        never in a rank forked from a process that imported it. Counted when its module runs (a
+        lookup alone, `importlib.util.find_spec("torch")`, imports nothing)."""
 
         def find_spec(self, name, path=None, target=None):
-            if name == "torchtitan.trainer":
-                count("torchtitan import")
-            return None  # the usual finders import it
+            if name not in ("torch", "torchtitan"):
+                return None  # the usual finders import it
+            spec = PathFinder.find_spec(name, path)
+            if spec is not None:
+                run = spec.loader.exec_module
 
-    sys.meta_path.insert(0, CountedTorchtitanImport())
+                def counted_run(module):
+                    count(f"{name} import")
+                    run(module)
+
+                spec.loader.exec_module = counted_run
+            return spec
+
+    from importlib.machinery import PathFinder
+
+    sys.meta_path.insert(0, CountedImport())

@@ -23,6 +23,7 @@ from qwen3_neuron.errors import ConfigError, UnsupportedModel
 
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
+SCORE_MODULE = "score"  # Transformers' name: Qwen3ForSequenceClassification.score
 
 # config.json keys that make a model a mixture of experts (Qwen3-MoE, Mixtral, DeepSeek, ...).
 MOE_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
@@ -307,3 +308,8 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
 def _looks_like_path(value: str) -> bool:
     """A Hub id is `name` or `org/name`; anything else names a local path."""
     return value.startswith(("/", "./", "../", "~")) or value.count("/") > 1
+
+
+def score_head_path(step_dir: Path) -> Path:
+    """Where trainer=reward_model writes the trained head (`score.weight`, float32) beside an HF save."""
+    return Path(step_dir) / SCORE_MODULE / "score.safetensors"
