@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from conftest import launch, read_jsonl, trained
+from conftest import compose_job, launch, read_jsonl, trained
 from test_data import spans_of
 from test_resume import as_of_checkpoint
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
@@ -500,3 +500,58 @@ def test_the_projects_sequence_logps_are_trls_without_the_newline_after_the_end_
             assert float(last) < 0  # a token of its own, with its own probability
             matched.append(row)
     assert sorted(matched) == list(range(2 * n))
+
+
+
+# ---- model=hf flavor full: each packed sequence scored alone ------------------------------------
+
+HF_FULL = ("model=hf", "model.flavor=full", "device=cpu")  # full: the backend's causal mask over the whole sample
+# float32's unit roundoff times the longest sum in the model (the MLP's down projection, 768 terms):
+# what one logit may round differently when the same rows are computed in another batch shape
+SUM_ROUNDING = 2**-24 * 768
+
+
+@pytest.mark.numerics
+def test_on_model_hf_flavor_full_a_packed_pairs_log_probabilities_are_each_sequences_alone(
+    assets, tmp_path, tokenizer, monkeypatch
+):
+    """A pair packed as the trainer packs it (chosen, then rejected, in one sample), scored by the
+    model=hf model the DPO trainer's config builds (the tiny dir's weights, attending as a CPU
+    worker does: SDPA on the backend's mask made dense): each response's log-probability is the
+    one its sequence gets alone, as TRL scores it. With the `full` flavour's causal mask the
+    rejected response reads the chosen one: 0.43 nats off on this pair, against a bound of 0.003."""
+    from test_hf import build_hf_model, weights
+    from torchtitan.experiments.transformers_modeling_backend import model as hf_backend
+
+    from qwen3_neuron.job.trainer_config import build_trainer_config
+    from qwen3_neuron.kernels.attention.sdpa import hf_sdpa_attention_forward
+    from qwen3_neuron.models.logprobs import model_token_logps
+
+    monkeypatch.setattr(hf_backend, "flex_attention_forward", hf_sdpa_attention_forward)  # devices.fixes' swap
+    job = compose_job(*HF_FULL, f"model.hf_model={assets.tiny_qwen3_dir}", "data=preference", "trainer=dpo")
+    config = build_trainer_config(job.settled(), tmp_path)
+    model = build_hf_model(config)
+    adapter = config.model_spec.state_dict_adapter(config.model_spec.model, config.hf_assets_path)
+    model.load_state_dict(adapter.from_hf(weights(assets.tiny_qwen3_dir)))
+    model.eval()
+
+    files = tmp_path / "pairs.jsonl"
+    files.write_text("".join(json.dumps(row) + "\n" for row in TRL_ROWS))
+    source = dataclasses.replace(PREFERENCE, files=str(files), packing="none")  # one pair a sample
+    input_dict, labels = next(iter(PackedDataset(source, tokenizer, seq_len=128, infinite=False)))
+    inputs, positions, sequence_ids = input_dict["input"], input_dict["positions"], input_dict[SEQUENCE_IDS]
+    starts = [i for i, p in enumerate(positions.tolist()) if p == 0]  # the chosen, the rejected, the padding
+    with torch.no_grad():
+        packed_logps = model_token_logps(model, inputs[None], labels[None], {"positions": positions[None]})
+        packed, counts = sequence_sums(packed_logps, sequence_ids[None])
+        largest_logit = float(model(inputs[None], positions=positions[None]).abs().max())
+        alone = []  # each sequence in a forward of its own
+        for a, b in zip(starts, starts[1:]):
+            logps = model_token_logps(model, inputs[None, a:b], labels[None, a:b], {"positions": positions[None, a:b]})
+            alone.append(float(logps.sum()))
+    # a log-probability is a logit less a logsumexp (a weighted mean of the logits): each rounds by
+    # at most SUM_ROUNDING x the largest logit; a sequence's sum adds one per trained token
+    assert counts[0].min() > 0  # both responses are in the sample
+    for side in (0, 1):
+        bound = 2 * SUM_ROUNDING * largest_logit * float(counts[0, side])
+        assert abs(float(packed[0, side]) - alone[side]) <= bound, side

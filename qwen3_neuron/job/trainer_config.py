@@ -29,8 +29,9 @@ from qwen3_neuron.job.loader_configs import apply_data
 from qwen3_neuron.job.settings import FRAMEWORK_OWNED, OPTIMIZER_SHORTHANDS, SECTIONS, Settings
 from qwen3_neuron.models.flavors import moe_model_spec, native_model_spec
 from qwen3_neuron.models.hf.model_dir import HFModelDir
-from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec
+from qwen3_neuron.models.hf.spec import configure_hf_trainer, hf_model_spec, with_block_causal_mask
 from qwen3_neuron.models.score_head import with_score_head
+from qwen3_neuron.trainers import SCORES_SEQUENCES_ALONE
 
 # Metrics to metrics.jsonl: swapped in through torchtitan's own override registry.
 METRICS_OVERRIDE = "qwen3_neuron.worker.metrics.run_dir_metrics"
@@ -137,6 +138,8 @@ def _registry_name(module: str) -> str:
 
 def _model_spec(settings: Settings, model_dir: HFModelDir | None):
     spec = _base_model_spec(settings, model_dir)
+    if settings.trainer.name in SCORES_SEQUENCES_ALONE:
+        spec = with_block_causal_mask(spec)  # the converters below copy the config with its mask
     if settings.finetune.method == "lora":
         spec = with_lora(spec, settings.finetune)
     if settings.trainer.name == "reward_model":

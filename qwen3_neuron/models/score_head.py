@@ -16,8 +16,7 @@ lists the children FSDP walks by hand (`named_children`), so the subclass adds `
 and its weight init (Transformers' `_init_weights`) does not know the head, so the subclass
 initialises it: normal(0, 0.02), Transformers' `initializer_range` for Qwen3, as
 `AutoModelForSequenceClassification` starts a new head. Each packed sequence is scored alone:
-the backend's `full` flavour masks causally across the whole sample, so the converter makes its
-mask block-causal (`sft_full`'s), as native Qwen3's is.
+the trainer is among `trainers.SCORES_SEQUENCES_ALONE`, whose model=hf mask is block-causal.
 
 The head is no weight of the causal LM the run loads: the spec's state-dict adapter leaves
 `score.*` out of the HF keys (`with_score_head`), so the HF load reads the base alone; the
@@ -61,10 +60,6 @@ class ScoreHeadConverter(ModelConfigConverter):
         # adds no field, so the object keeps its layout
         converted = copy.copy(model_config)
         converted.__class__ = scored.Config
-        if getattr(converted, "attn_mask_type", None) == "causal":
-            # the Transformers backend's `full` flavour: plain causal over the whole packed sample;
-            # a sequence's score must not see the sequences packed before it
-            converted.attn_mask_type = "block_causal"
         return converted
 
 

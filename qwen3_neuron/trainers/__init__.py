@@ -26,6 +26,12 @@ TRAINERS = {
 # copy of its weights; lora: its adapters off); ORPO and SimPO hold none. GRPO holds one when grpo.beta > 0.
 KEEPS_REFERENCE = ("dpo", "kto")
 
+# The trainers that score each packed sequence alone (a pair's chosen and rejected responses, KTO's
+# completion and its mismatched one, a reward model's conversations): their model attends within a
+# sequence only, on model=hf whatever model.flavor (`models.hf.spec.with_block_causal_mask`). SFT's
+# flavour is the user's choice (`full`: causal over the packed sample); GRPO holds one completion a row.
+SCORES_SEQUENCES_ALONE = ("dpo", "orpo", "simpo", "kto", "reward_model")
+
 
 def default_trainer(data_kind: str) -> str:
     """The trainer a data kind means when `trainer` is not named."""

@@ -24,6 +24,8 @@ Fixes to the backend as installed live in `runtime` (model init, pinned fields) 
 
 from __future__ import annotations
 
+import copy
+
 from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.hf_backend import HF_BACKEND_NAME
 from qwen3_neuron.models.hf.model_dir import CONFIG_FILE, HFModelDir
@@ -77,6 +79,21 @@ def hf_model_spec(model_dir: HFModelDir, flavor: str):
         post_optimizer_build_fn=register_moe_load_balancing_hook,
         state_dict_adapter=adapter_class(),
     )
+
+
+def with_block_causal_mask(spec):
+    """The spec whose model attends within each packed sequence alone: the Transformers backend's
+    `full` flavour (causal over the whole sample) made block-causal, `sft_full`'s mask, before the
+    model is built. Other models' masks are block-causal already and stay as they are.
+
+    The model config is copied, as the backend copies its configs (`_replace`: their __init__
+    cannot run again); `update_from_config` keeps the field (config.json has no such key)."""
+    if getattr(spec.model, "attn_mask_type", None) != HF_FLAVORS["full"]:
+        return spec
+    spec, model = copy.copy(spec), copy.copy(spec.model)
+    model.attn_mask_type = HF_FLAVORS["sft_full"]
+    spec.model = model
+    return spec
 
 
 def configure_hf_trainer(config, model_dir: HFModelDir) -> None:
