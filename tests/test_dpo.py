@@ -506,6 +506,31 @@ def test_the_projects_sequence_logps_are_trls_without_the_newline_after_the_end_
 # ---- model=hf flavor full: each packed sequence scored alone ------------------------------------
 
 HF_FULL = ("model=hf", "model.flavor=full", "device=cpu")  # full: the backend's causal mask over the whole sample
+APART = "block-causal: each packed sequence attends within itself"
+
+
+@pytest.mark.parametrize("trainer, data, mask, said", [
+    ("dpo", "preference", "block_causal", APART),
+    ("orpo", "preference", "block_causal", APART),
+    ("simpo", "preference", "block_causal", APART),
+    ("kto", "preference", "block_causal", APART),
+    ("reward_model", "preference", "block_causal", APART),
+    ("sft", "chat", "causal", "causal across the sample (model.flavor=full)"),  # SFT keeps the flavour's
+])  # fmt: skip
+def test_on_model_hf_flavor_full_the_trainers_that_score_sequences_alone_get_the_block_causal_mask(
+    assets, tmp_path, trainer, data, mask, said
+):
+    """The mask is the model config's before anything is built, and the plan's attention line says it."""
+    from qwen3_neuron.job.checks.memory import _shape, attention_note
+    from qwen3_neuron.job.trainer_config import build_trainer_config
+
+    job = compose_job(*HF_FULL, f"model.hf_model={assets.tiny_qwen3_dir}", f"data={data}", f"trainer={trainer}")
+    settled = job.settled()
+    config = build_trainer_config(settled, tmp_path)
+    assert config.model_spec.model.attn_mask_type == mask
+    assert said in attention_note(config, _shape(config, settled.model_dir), "cpu")
+
+
 # float32's unit roundoff times the longest sum in the model (the MLP's down projection, 768 terms):
 # what one logit may round differently when the same rows are computed in another batch shape
 SUM_ROUNDING = 2**-24 * 768

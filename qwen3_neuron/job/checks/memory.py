@@ -560,12 +560,19 @@ def attention_note(config, shape: _Shape, device: str) -> str:
     """Which attention kernel the estimate assumed. On CPU, SDPA on a boolean mask runs torch's
     flash kernel for CPU, which keeps q, k, v, the output, a log-sum-exp and the mask in the
     compute dtype (each layer its own copy), no [batch, heads, seq, seq] probabilities (read off
-    its saved tensors, torch 2.13)."""
+    its saved tensors, torch 2.13). Then the mask: what a packed sequence attends to."""
     if device == "cpu" and _dense_mask(config, shape, device):
-        return "attention: SDPA's flash kernel for CPU on a dense mask, the mask kept per layer, no [seq, seq] scores"
-    if _dense_mask(config, shape, device):
-        return "attention: SDPA on a dense mask, the mask kept per layer, no [seq, seq] scores"
-    return "attention: a fused kernel (flash, memory-efficient or FlexAttention), no [seq, seq] scores kept"
+        kernel = "SDPA's flash kernel for CPU on a dense mask, the mask kept per layer, no [seq, seq] scores"
+    elif _dense_mask(config, shape, device):
+        kernel = "SDPA on a dense mask, the mask kept per layer, no [seq, seq] scores"
+    else:
+        kernel = "a fused kernel (flash, memory-efficient or FlexAttention), no [seq, seq] scores kept"
+    # torchtitan's own language models are block-causal always; model=hf's mask is its config's
+    if getattr(config.model_spec.model, "attn_mask_type", "block_causal") == "block_causal":
+        mask = "block-causal: each packed sequence attends within itself"
+    else:
+        mask = "causal across the sample (model.flavor=full): a packed sequence attends to those before it too"
+    return f"attention: {kernel}; {mask}"
 
 
 def _dense_mask(config, shape: _Shape, device: str) -> bool:
