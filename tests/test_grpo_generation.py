@@ -148,6 +148,56 @@ def test_a_compiled_grpo_run_compiles_generation_once_and_never_recompiles(tmp_p
     assert [r["step"] for r in records] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in records)
 
 
+class _Block(torch.nn.Module):
+    """A block of the test's own (torch.nn's forwards are in Dynamo's skip list, as torchtitan's are not)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x + torch.relu(self.linear(x))
+
+
+def test_gathering_for_generation_keeps_a_compiled_blocks_graph(tmp_path):
+    """In-process, one gloo rank: a block compiled as torchtitan compiles it (fullgraph, before
+    FSDP; bfloat16 compute), its graph made by training's forward. Inside `gathered`, each forward
+    runs that graph, compiled nothing new, with training's outputs; after it, training's forward
+    runs the same graph again."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from qwen3_neuron.generation.kv_cache import gathered
+
+    compiles, runs = [], []
+
+    def backend(graph_module, example_inputs):  # Dynamo's graph, each compile and each run counted
+        compiles.append(graph_module)
+        return lambda *args: runs.append(1) or graph_module(*args)
+
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(_Block(), torch.nn.Linear(16, 8))
+        model[0].compile(backend=backend, fullgraph=True)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        fully_shard(model[0], reshard_after_forward=True, mp_policy=policy)
+        fully_shard(model, reshard_after_forward=False, mp_policy=policy)
+        training_graph = model[0]._compiled_call_impl
+        x = torch.randn(4, 16)
+        with torch.no_grad():
+            reference = model(x)  # training's forward: the graph compiled, run once
+            with gathered(model):
+                outputs = [model(x) for _ in range(3)]
+                runs_inside = len(runs) - 1
+            model(x)
+    finally:
+        torch.distributed.destroy_process_group()
+    assert (len(compiles), runs_inside, len(runs)) == (1, 3, 5)
+    assert all(torch.equal(output, reference) for output in outputs)
+    assert model[0]._compiled_call_impl is training_graph
+
+
 def test_the_memory_plan_keeps_a_compiled_runs_static_cache_all_run(tmp_path, assets):
     """Compiled, the cache's buffers live from one generation to the next: the plan counts them at
     every moment of the step, not only while sampling."""

@@ -25,7 +25,8 @@ from qwen3_neuron.errors import ConfigError
 from qwen3_neuron.job import settings as settings_module
 from qwen3_neuron.job.settings import TrackingSettings, check_tracking
 from qwen3_neuron.report import tracking as tracking_module
-from qwen3_neuron.report.mlflow_tracking import job_params
+from qwen3_neuron.report.mlflow_tracking import job_params, sweep_ended
+from qwen3_neuron.report.summary import summarize
 from qwen3_neuron.report.system_metrics import RunDirDisk, neuron_figures
 from qwen3_neuron.report.job_tracking import job_tracking, track_run
 from qwen3_neuron.report.tracking import LiveTracking
@@ -37,9 +38,19 @@ SYSTEM = ("system/cpu_utilization_percentage", "system/system_memory_usage_megab
           "system/disk_available_megabytes", "system/rank_0/memory_rss_megabytes")  # fmt: skip
 
 
-def local_store(folder: Path) -> str:
+@pytest.fixture(scope="module")
+def store_tables(tmp_path_factory) -> Path:
+    """An MLflow sqlite database with its tables made: MLflow's migrations take seconds, a copy of
+    their result milliseconds."""
+    database = tmp_path_factory.mktemp("tables") / "mlflow.db"
+    MlflowClient(f"sqlite:///{database}").search_experiments()
+    return database
+
+
+def local_store(folder: Path, tables: Path) -> str:
     """A sqlite store holding the experiment, its artifacts in `folder` (MLflow's default for a new
-    experiment is ./mlruns in the launch's working dir: here, the repo)."""
+    experiment is ./mlruns in the launch's working dir: here, the repo); its tables a copy of `tables`."""
+    shutil.copy(tables, folder / "mlflow.db")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     MlflowClient(uri).create_experiment(EXPERIMENT, artifact_location=str(folder / "artifacts"))
     return uri
@@ -83,7 +94,7 @@ def wait_for(condition, process: subprocess.Popen, what: str, timeout: float = 3
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory, assets):
+def killed(tmp_path_factory, assets, store_tables):
     """A run of 100 steps tracked to `sqlite:///mlflow.db` (relative, as docs/tracking.md writes
     it) from a launch dir of its own, sent every second, checkpointed every 2 steps: killed -9
     once the store shows, while it trains, 3 steps and system metrics. The run dir, the store (the
@@ -91,7 +102,7 @@ def killed(tmp_path_factory, assets):
     folder = tmp_path_factory.mktemp("tracked")
     launch_dir = folder / "launch_dir"
     launch_dir.mkdir()
-    uri = local_store(launch_dir)
+    uri = local_store(launch_dir, store_tables)
     run_dir = folder / "run"
     with (folder / "launch.out").open("w") as out:
         process = subprocess.Popen([sys.executable, str(REPO / "launch.py"), f"hydra.run.dir={run_dir}", *ONE_RANK,
@@ -178,9 +189,39 @@ def test_a_resume_from_another_directory_continues_the_same_run_in_the_same_stor
                                     f"(mlflow ui --backend-store-uri {store})"]  # fmt: skip
 
 
+def test_a_resume_that_changes_a_recorded_key_continues_the_run_with_its_first_value(tmp_path, store_tables):
+    """In-process, the launcher's writer for a run and for its resume: the resume's job changed a
+    recorded key (training.steps, run.resume) and added one (checkpoint.load_step). The same
+    MLflow run goes on, the only one: its params are the first launch's, the new key added (MLflow
+    fixes a param once logged; job.yaml, an artifact, holds the change), its history every step."""
+    uri = local_store(tmp_path, store_tables)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    tracking = {"kind": "mlflow", "uri": uri}
+    first = {"tracking": tracking, "training": {"steps": 4}, "run": {"resume": None}}
+    resumed = {"tracking": tracking, "training": {"steps": 6}, "run": {"resume": str(run_dir)},
+               "checkpoint": {"load_step": 2}}  # fmt: skip
+    records = [{"step": s, "loss": 1 / s} for s in range(1, 5)]
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records[:2]))
+    job_tracking(run_dir, first, None).finish({"status": "interrupted", "steps": 2})
+    run_id = record_of(run_dir)["run_id"]
+    with metrics.open("a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records[2:]))
+    job_tracking(run_dir, resumed, None).finish({"status": "completed", "steps": 4, "final_loss": 0.25})
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert [run.info.run_id for run in client.search_runs([experiment.experiment_id])] == [run_id]
+    run = client.get_run(run_id)
+    assert run.data.params == {**job_params(resumed), **job_params(first)}
+    assert (run.data.params["training.steps"], run.data.params["checkpoint.load_step"]) == ("4", "2")
+    assert run.info.status == "FINISHED"
+    assert history(client, run_id, "loss") == [(r["step"], r["loss"]) for r in records]
+
+
 @pytest.mark.integration
-def test_a_sweep_is_one_parent_run_with_a_child_per_job(tmp_path, assets):
-    uri = local_store(tmp_path)
+def test_a_sweep_is_one_parent_run_with_a_child_per_job(tmp_path, assets, store_tables):
+    uri = local_store(tmp_path, store_tables)
     sweep_dir = tmp_path / "sweep"
     # job 1 is a config error (model.top_k is a MoE key), found before it starts anything
     result = launch(None, "-m", f"hydra.sweep.dir={sweep_dir}", "model.top_k=null,1", *SWEEP_JOB,
@@ -211,6 +252,26 @@ def test_a_sweep_is_one_parent_run_with_a_child_per_job(tmp_path, assets):
     assert f"[qwen3-neuron] MLflow sweep: run {parent_id} of experiment '{EXPERIMENT}' in {uri} " \
            f"(mlflow ui --backend-store-uri {uri})" == lines[-1]  # fmt: skip
     assert sorted(line.split()[3] for line in lines[:-1]) == sorted(run.info.run_id for run in children.values())
+
+
+def test_only_a_completed_run_gets_an_objective_in_mlflow(tmp_path, store_tables):
+    """In-process, the end of two sweep jobs that trained the same steps: the one that completed
+    gets `run.objective`'s value as its metric `objective`; the one that failed after its steps
+    (a crash, the first-loss check) has a final_loss, but no objective to rank it by."""
+    uri = local_store(tmp_path, store_tables)
+    composed = compose_config("tracking=mlflow", f"tracking.uri={uri}")
+    metrics = {}
+    for status in ("completed", "failed"):
+        run_dir = tmp_path / status
+        records = [{"step": s, "loss": 3.0 - s} for s in (1, 2)]
+        run_dir.mkdir()
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        summary = summarize(run_dir, status, 1.0, exit_code=0 if status == "completed" else 1)
+        assert summary["final_loss"] == 1.0
+        track_run(run_dir, summary, composed, None)
+        metrics[status] = MlflowClient(uri).get_run(record_of(run_dir)["run_id"]).data.metrics
+    assert metrics["completed"]["objective"] == 1.0 and metrics["failed"]["loss"] == 1.0
+    assert "objective" not in metrics["failed"]
 
 
 def test_a_tracking_server_that_is_not_there_is_said_once_and_nothing_is_lost(tmp_path, monkeypatch, capsys, caplog):
@@ -245,6 +306,49 @@ def test_a_tracking_server_that_is_not_there_is_said_once_and_nothing_is_lost(tm
                          "(a resume logs what MLflow missed)")  # fmt: skip
     assert not [r for r in caplog.records if "Retrying" in r.getMessage()]  # urllib3's warning per retry
     assert not (run_dir / "mlflow_run.json").exists() and metrics.read_text() == written
+
+
+class DownServer:
+    """A tracking server that is down: it takes each connection and drops it at once, counting them."""
+
+    def __init__(self):
+        self.listening = socket.create_server(("127.0.0.1", 0))
+        self.uri = f"http://127.0.0.1:{self.listening.getsockname()[1]}"
+        self.connections = 0
+        threading.Thread(target=self._drop, daemon=True).start()
+
+    def _drop(self):
+        while True:
+            try:
+                connection, _ = self.listening.accept()
+            except OSError:  # closed
+                return
+            self.connections += 1
+            connection.close()
+
+
+def test_a_store_that_failed_is_not_tried_again_for_the_sweeps_parent_run(tmp_path, monkeypatch, capsys):
+    """In-process: the sweep's parent run was made, then its store went down. A job's writer finds
+    it down and says so; the sweep's end then does not try it again (each try costs the client's
+    retries and timeouts), and says nothing more."""
+    monkeypatch.setattr(tracking_module, "_failed_stores", set())  # this test's process, as it were
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    server = DownServer()
+    composed = {"tracking": {"kind": "mlflow", "uri": server.uri}}
+    sweep_dir, run_dir = tmp_path / "sweep", tmp_path / "sweep" / "0"
+    run_dir.mkdir(parents=True)
+    parent = {"tracking_uri": server.uri, "experiment_id": "1", "run_id": "0" * 32, "metrics_bytes": 0}
+    (sweep_dir / "mlflow_run.json").write_text(json.dumps(parent))
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    try:
+        track_run(run_dir, {"status": "completed", "steps": 1}, composed, sweep_dir)
+        tried = server.connections
+        sweep_ended(sweep_dir, composed, ["completed"])
+    finally:
+        server.listening.close()
+    assert (tried, server.connections) == (1, 1)  # the job's one request (no retries set), none from the sweep's end
+    (line,) = mlflow_lines(capsys.readouterr().err)
+    assert line.startswith(f"[qwen3-neuron] MLflow: could not log to {server.uri} (")
 
 
 def test_params_are_the_jobs_leaves_by_dotted_key_cut_to_mlflows_limit():
@@ -338,13 +442,13 @@ def test_a_resume_keeps_the_recorded_tracking_unless_it_sets_tracking(tmp_path):
         assert (tracking["kind"], tracking.get("uri")) == expected
 
 
-def test_a_run_name_a_failure_a_line_still_being_written_and_the_model(tmp_path, assets):
+def test_a_run_name_a_failure_a_line_still_being_written_and_the_model(tmp_path, assets, store_tables):
     """In-process: tracking.run_name names the run, a failed job is a FAILED run with its error, and
     a metrics.jsonl line still being written is left for the next log (a resume's);
     tracking.log_model=true logs the export and the adapter of a run that has them."""
     from omegaconf import OmegaConf
 
-    uri = local_store(tmp_path)
+    uri = local_store(tmp_path, store_tables)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     composed = compose_config("tracking=mlflow", f"tracking.uri={uri}", "tracking.run_name=lr-3e-4")
