@@ -26,12 +26,19 @@ TRL 1.16's `GRPOTrainer` (Transformers' `generate`, no vLLM) on matched work: th
 weights, the bundled questions, digit_share, 8 completions of up to 32 tokens for one prompt a
 step, bf16 mixed, loss dapo, beta 0; one process and one thread on both sides
 (OMP_NUM_THREADS=1); each side's generation (sampling and scoring) and training seconds per step.
+`--mode trl-tools`: the same against `GRPOTrainer(tools=[calculator])` on the bundled calculator
+prompts (tool_calls/prompts_train.jsonl, their schema in every prompt), rewarded by
+`rewards.exact_answer`, 8 completions of up to 64 tokens (the tool turns counted in, TRL's rule),
+up to 4 rounds of calls; `--policy DIR` the HF dir both start from (default: the tiny dir, which
+calls no tool: give the recipe's SFT export, docs/reinforcement-learning.md), each side's calls
+per completion printed beside its times.
 
     .venv/bin/python -m bench.grpo_step                        # from the repo root: 6 runs
     .venv/bin/python -m bench.grpo_step --model native
     .venv/bin/python -m bench.grpo_step --model hf-real-vocab   # Qwen3's 151,936-token vocabulary
     .venv/bin/python -m bench.grpo_step --mode compiled
     .venv/bin/python -m bench.grpo_step --mode trl
+    .venv/bin/python -m bench.grpo_step --mode trl-tools --policy outputs/tool_sft/hf_export
 """
 
 from __future__ import annotations
@@ -68,6 +75,8 @@ PARTS = ("generation_seconds", "scoring_seconds", "training_seconds")
 
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 TRL_SEQ_LEN = 72  # --mode trl: the longest bundled question's 33 tokens + 32 completion tokens, rounded up to 8
+TOOLS_COMPLETION = 64  # --mode trl-tools: a call, its answer and a reply
+TOOLS_SEQ_LEN = 392  # the calculator prompts' 323-325 tokens (the schema in the system turn) + 64, rounded up to 8
 
 
 def launch(args: list[str], run_dir: Path, model: str, env: dict | None = None) -> list[dict]:
@@ -111,15 +120,24 @@ def generation(run_dir: Path, model: str, compiled: bool) -> dict:
     return figures
 
 
-def ours_against_trl(run_dir: Path, model: str) -> dict:
-    """Our GRPO step on TRL's matched work (8 completions of up to 32 tokens, one prompt a step), at
-    the seq_len that holds the bundled questions' longest prompt (33 tokens) and a completion: TRL
-    trains each batch at its own longest prompt + completion."""
-    steps = launch(["data=prompts", "grpo.rewards=[examples.my_rewards.digit_share]", "grpo.num_generations=8",
-                    "grpo.max_completion_length=32", f"training.seq_len={TRL_SEQ_LEN}"], run_dir, model, ONE_THREAD)  # fmt: skip
+def ours_against_trl(run_dir: Path, model: str, tools_policy: Path | None = None) -> dict:
+    """Our GRPO step on TRL's matched work (8 completions, one prompt a step), at the seq_len that
+    holds the longest prompt and a completion: TRL trains each batch at its own longest prompt +
+    completion. `tools_policy`: the calculator run from that HF dir (--mode trl-tools)."""
+    if tools_policy is None:
+        work = ["grpo.rewards=[examples.my_rewards.digit_share]", "grpo.max_completion_length=32",
+                f"training.seq_len={TRL_SEQ_LEN}"]  # fmt: skip
+    else:
+        work = [f"model.hf_model={tools_policy}", "data.files=${assets:tool_prompts_train_file}",
+                "grpo.tools=[examples.my_tools.calculator]", "grpo.rewards=[qwen3_neuron.rewards.exact_answer]",
+                f"grpo.max_completion_length={TOOLS_COMPLETION}", f"training.seq_len={TOOLS_SEQ_LEN}"]  # fmt: skip
+    steps = launch(["data=prompts", "grpo.num_generations=8", *work], run_dir, model, ONE_THREAD)
     generation = statistics.median(r["generation_seconds"] + r["scoring_seconds"] for r in steps)
     training = statistics.median(r["training_seconds"] for r in steps)
-    return {"step_seconds": generation + training, "generation_seconds": generation, "training_seconds": training}
+    figures = {"step_seconds": generation + training, "generation_seconds": generation, "training_seconds": training}
+    if tools_policy is not None:
+        figures["tool_calls_per_completion"] = statistics.mean(r["tools/call_frequency"] for r in steps)
+    return figures
 
 
 TRL_RUN = r"""
@@ -129,17 +147,24 @@ from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from examples.my_rewards import digit_share
+from examples.my_tools import calculator
+from qwen3_neuron.rewards import exact_answer
 
 torch.set_num_threads(1)
-model_dir, rows_file, out_dir, steps, seq_len = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+model_dir, rows_file, out_dir, steps, tools = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "tools"
 rows = [json.loads(line) for line in open(rows_file)]
-dataset = Dataset.from_list([{"prompt": row["prompt"]} for row in rows])
-args = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=8, num_generations=8, max_completion_length=32,
+dataset = Dataset.from_list([{"prompt": row["prompt"], **({"answer": row["answer"]} if tools else {})} for row in rows])
+work = dict(max_completion_length=64, max_tool_calling_iterations=4) if tools else dict(max_completion_length=32)
+args = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=8, num_generations=8, **work,
                   max_steps=steps, learning_rate=5e-3, lr_scheduler_type="constant", bf16=True, use_cpu=True,
                   report_to=[], logging_steps=1, save_strategy="no", loss_type="dapo", beta=0.0, seed=0,
                   dataloader_num_workers=0)
-trainer = GRPOTrainer(model=model_dir, reward_funcs=[digit_share], args=args, train_dataset=dataset,
-                      processing_class=AutoTokenizer.from_pretrained(model_dir))
+tokenizer = AutoTokenizer.from_pretrained(model_dir)
+if tools:  # the tiny dir's template is Qwen3's form, not its bytes, by which TRL picks its parser and training template
+    from trl.chat_template_utils import qwen3_chat_template
+    tokenizer.chat_template = qwen3_chat_template
+trainer = GRPOTrainer(model=model_dir, reward_funcs=[exact_answer if tools else digit_share], args=args,
+                      train_dataset=dataset, processing_class=tokenizer, tools=[calculator] if tools else None)
 generation, steps_seconds = [], []
 generate = trainer._generate_and_score_completions
 def timed(*a, **k):
@@ -150,21 +175,25 @@ class Steps(TrainerCallback):
     def on_step_end(self, *a, **k): steps_seconds.append(time.perf_counter() - self.start)
 trainer.add_callback(Steps())
 trainer.train()
-print(json.dumps({"steps": steps_seconds, "generation": generation}))
+calls = [logs["tools/call_frequency"] for logs in trainer.state.log_history if "tools/call_frequency" in logs]
+print(json.dumps({"steps": steps_seconds, "generation": generation, "calls": calls}))
 """
 
 
-def trl(run_dir: Path, model_dir: Path, rows_file: Path) -> dict:
+def trl(run_dir: Path, model_dir: Path, rows_file: Path, tools: bool = False) -> dict:
     """TRL's GRPOTrainer on the same work, one process and one thread; steps 2..N."""
     result = subprocess.run([sys.executable, "-c", TRL_RUN, str(model_dir), str(rows_file), str(run_dir), str(STEPS),
-                             str(SEQ_LEN)], cwd=REPO, capture_output=True, text=True,
+                             "tools" if tools else "no-tools"], cwd=REPO, capture_output=True, text=True,
                             env={**ONE_THREAD, "PYTHONPATH": str(REPO)})  # fmt: skip
     if result.returncode != 0:
         raise SystemExit(f"TRL run failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
     timings = json.loads(result.stdout.strip().splitlines()[-1])
     steps, generations = timings["steps"][1:], timings["generation"][1:]
     step, generation_ = statistics.median(steps), statistics.median(generations)
-    return {"step_seconds": step, "generation_seconds": generation_, "training_seconds": step - generation_}
+    figures = {"step_seconds": step, "generation_seconds": generation_, "training_seconds": step - generation_}
+    if tools:
+        figures["tool_calls_per_completion"] = statistics.mean(timings["calls"][1:])
+    return figures
 
 
 def compiled_mode(args) -> None:
@@ -185,13 +214,19 @@ def trl_mode(args) -> None:
     from qwen3_neuron.assets.build import asset_paths
 
     assets = asset_paths()
-    print(f"CPU: {cpu_name()}; model={args.model}, 1 process, one thread, bf16 mixed; GRPO 8 completions of up to 32 "
-          f"tokens for one prompt a step (ours at seq_len {TRL_SEQ_LEN}); medians of steps 2-{STEPS}", flush=True)  # fmt: skip
+    tools = args.mode == "trl-tools"
+    policy = Path(args.policy) if args.policy else assets.tiny_qwen3_dir
+    work = (f"the calculator prompts with the tool, from {policy}, 8 completions of up to {TOOLS_COMPLETION} tokens "
+            f"(ours at seq_len {TOOLS_SEQ_LEN})" if tools else
+            f"8 completions of up to 32 tokens (ours at seq_len {TRL_SEQ_LEN})")  # fmt: skip
+    print(f"CPU: {cpu_name()}; model={args.model}, 1 process, one thread, bf16 mixed; GRPO on {work} for one prompt "
+          f"a step; medians of steps 2-{STEPS}", flush=True)  # fmt: skip
+    rows = assets.tool_prompts_train_file if tools else assets.preference_train_file
     ratios = []
     with tempfile.TemporaryDirectory(prefix="grpo-trl-") as scratch:
         for repeat in range(args.repeats):  # interleaved: ours, TRL, ours, TRL, ...
-            ours = ours_against_trl(Path(scratch) / f"ours-{repeat}", args.model)
-            theirs = trl(Path(scratch) / f"trl-{repeat}", assets.tiny_qwen3_dir, assets.preference_train_file)
+            ours = ours_against_trl(Path(scratch) / f"ours-{repeat}", args.model, policy if tools else None)
+            theirs = trl(Path(scratch) / f"trl-{repeat}", policy, rows, tools)
             ratios.append(theirs["step_seconds"] / ours["step_seconds"])
             print(f"repeat {repeat + 1}: ours {shown(ours)}\n          TRL  {shown(theirs)}\n          steps/s "
                   f"ours / TRL {ratios[-1]:.3f}", flush=True)  # fmt: skip
@@ -208,12 +243,13 @@ def main() -> None:
     parser.add_argument("--num_generations", type=int, default=4)
     parser.add_argument("--max_completion_length", type=int, default=32)
     parser.add_argument("--model", choices=tuple(MODELS), default="hf")
-    parser.add_argument("--mode", choices=("sft", "compiled", "trl"), default="sft")
+    parser.add_argument("--mode", choices=("sft", "compiled", "trl", "trl-tools"), default="sft")
+    parser.add_argument("--policy", help="--mode trl-tools: the HF dir both sides start from")
     args = parser.parse_args()
     if args.model == "hf-real-vocab":  # built on demand, not with the other assets; every mode can take it
         build_real_vocab_model()
     if args.mode != "sft":
-        return compiled_mode(args) if args.mode == "compiled" else trl_mode(args)
+        return compiled_mode(args) if args.mode == "compiled" else trl_mode(args)  # trl and trl-tools
     print(f"CPU: {cpu_name()}; model={args.model}, 1 rank, {BATCH} x {SEQ_LEN} positions trained per step, {STEPS} steps (medians of "
           f"steps 2-{STEPS}); GRPO {args.num_generations} completions per prompt, up to "
           f"{args.max_completion_length} tokens", flush=True)  # fmt: skip
