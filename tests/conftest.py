@@ -76,17 +76,14 @@ SHARED_RUNS = {
     "test_experiments.py": "moe_experiment_run", "test_moe_training.py": "moe_experiment_run",
 }  # fmt: skip
 # xdist hands units out in collection order: the longest first, so that no long one starts last.
-# The order is the worker time per unit of a full `make test` (its --durations, summed per file;
-# AMD EPYC, 2 cores): default_run 222 s (resume 135, training 45, memory 42), parallelism 220, dpo
-# 103, lora 94, bad_inputs 93, grpo 89, data_training 88, chat 88, moe_experiment_run 86,
-# hf_integration 85, sweeps 82, devices 45, slurm 43, memory_at_scale 29, assets 26, config 25,
-# build 19; tracking 102, reward_model 80 (each file alone on a shared 2-core machine, not yet in a full run).
-LONGEST_FIRST = ("default_run", "test_parallelism.py", "test_dpo.py", "test_tracking.py", "test_lora.py",
-                 "test_bad_inputs.py", "test_grpo.py", "test_data_training.py", "test_chat.py", "moe_experiment_run",
-                 "test_grpo_wiring.py", "test_grpo_generation.py", "test_hf_integration.py", "test_reward_model.py",
-                 "test_sweeps.py",
-                 "test_devices.py", "test_slurm.py", "test_memory_at_scale.py", "test_assets.py", "test_config.py",
-                 "test_readme.py", "test_build.py")  # fmt: skip
+# The order is the worker time per unit of a full `make test` (its durations summed per file; AMD
+# EPYC, 2 cores), test_bad_inputs and test_tracking moved down by what their launcher refusals
+# (no torch import: under a second each) and sqlite stores (copies of one database) now cost.
+LONGEST_FIRST = ("default_run", "test_parallelism.py", "test_data_training.py", "test_dpo.py", "test_lora.py",
+                 "test_chat.py", "test_hf_integration.py", "test_grpo.py", "moe_experiment_run", "test_sweeps.py",
+                 "test_tracking.py", "test_slurm.py", "test_bad_inputs.py", "test_grpo_wiring.py",
+                 "test_grpo_generation.py", "test_devices.py", "test_memory_at_scale.py", "test_build.py",
+                 "test_reward_model.py", "test_config.py", "test_readme.py", "test_assets.py")  # fmt: skip
 
 
 def _unit(nodeid: str) -> str:
