@@ -42,7 +42,7 @@ os.environ[ASSETS_ENV_VAR] = str(SESSION_CACHE / "assets")
 os.environ[CACHE_ENV_VAR] = str(SESSION_CACHE / "cache")
 os.environ["HF_DATASETS_CACHE"] = str(SESSION_CACHE / "hf_datasets")  # read when `datasets` is imported: not yet
 
-# `make test` runs two test processes on the machine's cores: each computes on one thread, and so
+# `make test` runs three test processes on the machine's cores: each computes on one thread, and so
 # does every launch it starts (the launcher keeps an exported OMP_NUM_THREADS: devices.worker_env).
 # A one-rank launch would take a thread per core, and beside the other process's launch its
 # OpenMP threads wait on each other: 10 steps took 31-38 s in place of 4.1-4.5 (DEVELOPING.md).
@@ -67,10 +67,10 @@ def pytest_unconfigure(config):
         shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
-# ---- how `make test` spreads the files over its two processes (pytest-xdist) ---------------------
+# ---- how `make test` spreads the files over its three processes (pytest-xdist) -------------------
 
 # A file's tests stay in one process (its module fixtures train once). Files that assert on the
-# same session run share a unit: in two processes, each would train it again.
+# same session run share a unit: in several processes, each would train it again.
 SHARED_RUNS = {
     "test_memory.py": "default_run", "test_training.py": "default_run", "test_resume.py": "default_run",
     "test_experiments.py": "moe_experiment_run", "test_moe_training.py": "moe_experiment_run",
