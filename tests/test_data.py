@@ -131,6 +131,14 @@ def test_best_fit_fills_each_sample_from_the_buffer_longest_first_and_the_rest_w
     assert packer.flush() == [] and packer.waiting_documents() == 0
 
 
+@pytest.mark.parametrize("packing", ["best_fit", "none"])
+def test_a_document_longer_than_a_sample_is_refused_not_left_waiting(packing):
+    packer = Packer(seq_len=4, pad_id=0, packing=packing)
+    with pytest.raises(ValueError, match="a document of 5 tokens does not fit a 4-token sample"):
+        packer.add([1, 2, 3, 4, 5], [2, 3, 4, 5, 6])
+    assert packer.flush() == []  # nothing was left in the buffer to loop on
+
+
 def test_no_packing_puts_each_document_alone_in_its_sample():
     packer = Packer(seq_len=4, pad_id=0, packing="none")
     assert packer.add([1, 2], [2, 3]) == [([1, 2, 0, 0], [2, 3, IGNORE_INDEX, IGNORE_INDEX], [0, 1, 0, 1], 2)]

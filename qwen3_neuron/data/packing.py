@@ -116,6 +116,10 @@ class Packer:
         return sum(piece[2].count(0) for piece in self.waiting) + self.positions.count(0)  # positions
 
     def _place(self, piece: Piece) -> list[Sample]:
+        if len(piece[0]) > self.seq_len and self.packing in ("best_fit", "none"):
+            # a piece no sample can hold would wait in the buffer for ever (or make an overlong sample)
+            raise ValueError(f"a document of {len(piece[0])} tokens does not fit a {self.seq_len}-token sample: "
+                             "cut it first (`fit`, `fit_pair`)")  # fmt: skip
         if self.packing == "best_fit":
             insort(self.waiting, piece, key=lambda p: -len(p[0]))
             return [self._best_fit()] if len(self.waiting) >= self.buffer_size else []
