@@ -56,3 +56,12 @@ class StepTrainer(ObjectiveTrainer):
     def held_tensors(self) -> list[torch.Tensor]:
         frozen = self.objective_step.frozen
         return frozen.copies if frozen is not None else []
+
+
+def held_out_loader(validator):
+    """A new loader of the held-out rows, built as torchtitan's Validator builds its own at each
+    validation, for an objective's validation loop."""
+    return validator.dl_config.build(
+        dp_world_size=validator.dp_world_size, dp_rank=validator.dp_rank, tokenizer=validator.tokenizer,
+        seq_len=validator.seq_len, local_batch_size=validator.local_batch_size,
+    )  # fmt: skip

@@ -66,7 +66,7 @@ from qwen3_neuron.generation.sampling import Sampler, logits_warpers
 from qwen3_neuron.generation.tools import FAILURES, environment_reward, load_tools
 from qwen3_neuron.models.logprobs import model_token_logps
 from qwen3_neuron.rewards.calls import Rewards, load_rewards
-from qwen3_neuron.trainers.base import StepTrainer
+from qwen3_neuron.trainers.base import StepTrainer, held_out_loader
 from qwen3_neuron.trainers.reference import FrozenReference, adapters_off
 from qwen3_neuron.hf_backend import HF_BACKEND_NAME
 
@@ -307,10 +307,7 @@ class GRPOStep(Stateful):
         validator, trainer = self.trainer.validator, self.trainer
         model = model_parts[0]
         model.eval()
-        loader = validator.dl_config.build(
-            dp_world_size=validator.dp_world_size, dp_rank=validator.dp_rank, tokenizer=validator.tokenizer,
-            seq_len=validator.seq_len, local_batch_size=validator.local_batch_size,
-        )  # fmt: skip
+        loader = held_out_loader(validator)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 + self._dp_rank())
         batches = list(itertools.islice(loader, validator.config.steps))
         # every rank samples as many batches (FSDP gathers each forward's weights on all of them)

@@ -36,7 +36,7 @@ from torchtitan.distributed import utils as dist_utils
 from qwen3_neuron.data.packing import DESIRABLE, SEQUENCE_IDS
 from qwen3_neuron.models.logprobs import model_token_logps
 from qwen3_neuron.trainers import KEEPS_REFERENCE
-from qwen3_neuron.trainers.base import StepTrainer
+from qwen3_neuron.trainers.base import StepTrainer, held_out_loader
 from qwen3_neuron.trainers.reference import FrozenReference, adapters_off
 
 METRIC_PREFIX = "preference/"  # the step's objective metrics in torchtitan's metrics dict
@@ -209,10 +209,7 @@ class PreferenceStep:
         validator, trainer = self.trainer.validator, self.trainer
         model = model_parts[0]
         model.eval()
-        loader = validator.dl_config.build(
-            dp_world_size=validator.dp_world_size, dp_rank=validator.dp_rank, tokenizer=validator.tokenizer,
-            seq_len=validator.seq_len, local_batch_size=validator.local_batch_size,
-        )  # fmt: skip
+        loader = held_out_loader(validator)
         sums = torch.zeros(len(self.objective.metric_names), device=trainer.device)
         for _, (input_dict, labels) in zip(range(validator.config.steps), loader):
             input_dict = {k: v.to(trainer.device) for k, v in input_dict.items()}

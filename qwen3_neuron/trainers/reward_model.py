@@ -32,7 +32,7 @@ from torchtitan.distributed import utils as dist_utils
 
 from qwen3_neuron.data.packing import MARGINS, SEQUENCE_IDS
 from qwen3_neuron.models.hf.model_dir import score_head_path
-from qwen3_neuron.trainers.base import ObjectiveTrainer
+from qwen3_neuron.trainers.base import ObjectiveTrainer, held_out_loader
 from qwen3_neuron.trainers.preference_step import METRIC_PREFIX, VALIDATION_PREFIX
 from qwen3_neuron.trainers.reward_model_loss import (
     SUM_NAMES,
@@ -97,10 +97,7 @@ class RewardModelTrainer(ObjectiveTrainer):
         validator = self.validator
         model = model_parts[0]
         model.eval()
-        loader = validator.dl_config.build(
-            dp_world_size=validator.dp_world_size, dp_rank=validator.dp_rank, tokenizer=validator.tokenizer,
-            seq_len=validator.seq_len, local_batch_size=validator.local_batch_size,
-        )  # fmt: skip
+        loader = held_out_loader(validator)
         self._sums, self._extremes = self._empty_metrics()
         records = []
         for _, (input_dict, labels) in zip(range(validator.config.steps), loader):
