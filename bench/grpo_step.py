@@ -30,7 +30,7 @@ step, bf16 mixed, loss dapo, beta 0; one process and one thread on both sides
 prompts (tool_calls/prompts_train.jsonl, their schema in every prompt), rewarded by
 `rewards.exact_answer`, 8 completions of up to 64 tokens (the tool turns counted in, TRL's rule),
 up to 4 rounds of calls; `--policy DIR` the HF dir both start from (default: the tiny dir, which
-calls no tool: give the recipe's SFT export, docs/reinforcement-learning.md), each side's calls
+calls no tool: give an SFT export on the bundled tool conversations, as below), each side's calls
 per completion printed beside its times.
 
     .venv/bin/python -m bench.grpo_step                        # from the repo root: 6 runs
@@ -38,6 +38,8 @@ per completion printed beside its times.
     .venv/bin/python -m bench.grpo_step --model hf-real-vocab   # Qwen3's 151,936-token vocabulary
     .venv/bin/python -m bench.grpo_step --mode compiled
     .venv/bin/python -m bench.grpo_step --mode trl
+    .venv/bin/python launch.py experiment=cpu_qwen3_tiny_sft 'data.files=${assets:tool_sft_train_file}' \
+        training.seq_len=512 training.steps=150 optimizer.lr=5e-3 hydra.run.dir=outputs/tool_sft
     .venv/bin/python -m bench.grpo_step --mode trl-tools --policy outputs/tool_sft/hf_export
 """
 
