@@ -196,16 +196,24 @@ def test_completions_train_on_their_longest_prompt_and_completion_not_the_whole_
     assert [tuple(labels.shape) for _, labels in step._generation.microbatches] == [(4, 8), (4, 8)]
 
 
-def test_num_iterations_trains_on_one_generation_that_many_steps():
+def test_num_iterations_trains_on_one_generation_that_many_steps(monkeypatch):
     """grpo.num_iterations=2: the second step trains on the first's completions (no new sampling,
-    no new rewards), with the sampling policy's log-probabilities kept for the ratio."""
+    no new rewards), with the sampling policy's log-probabilities kept for the ratio; both sides
+    of the ratio at grpo.temperature, the distribution the completions came from."""
+    from qwen3_neuron.trainers import grpo as grpo_module
+
+    temperatures = []
+    logps_of = grpo_module.model_token_logps
+    monkeypatch.setattr(grpo_module, "model_token_logps",
+                        lambda *args, **kwargs: temperatures.append(kwargs["temperature"]) or logps_of(*args, **kwargs))  # fmt: skip
     CALLS.clear()
     trainer = _trainer()
-    step = install(trainer, _settings(num_iterations=2), seed=3, lora=False)
+    step = install(trainer, _settings(num_iterations=2, temperature=0.7), seed=3, lora=False)
     batches = _prompt_batches(["two", "seven", "two", "seven"])
     step.train_step(batches)
     first = step._generation
     assert all(input_dict[OLD_LOGPS] is not None for input_dict, _ in first.microbatches)
+    assert temperatures == [0.7] * 2 * len(first.microbatches)  # the kept log-probabilities, then the step's
     trainer.step = 2
     step.train_step(batches)
     assert step._generation is first and len(CALLS) == 1

@@ -58,6 +58,23 @@ def test_chunked_log_probs_and_gradients_equal_the_full_ones(chunks):
         assert (chunked_grads[name] - grad).abs().max() <= 1e-5 * grad.abs().max(), name
 
 
+@pytest.mark.numerics
+def test_a_sampling_temperature_divides_the_logits_as_trls_log_probs_do():
+    """GRPO's log-probabilities are those of the distribution it sampled from: softmax(logits / T)."""
+    model = _tiny_hf_qwen3()
+    ids, labels = _inputs(model.config.vocab_size)
+    with torch.no_grad():
+        hidden = model.model(ids).last_hidden_state
+        logits = model.lm_head(hidden).float()
+        at_07 = chunked_token_logps(hidden, model.lm_head, labels, 4, temperature=0.7)
+        at_1 = chunked_token_logps(hidden, model.lm_head, labels, 4)
+    reference = torch.log_softmax(logits / 0.7, -1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+    # float32, the same logits divided alike: the bound of the test above
+    torch.testing.assert_close(at_07, reference.masked_fill(labels == IGNORE_INDEX, 0.0), rtol=0,
+                               atol=model.config.vocab_size * 2**-24)
+    assert (at_07 - at_1).abs().max() > 0.01  # a temperature that changes what is trained
+
+
 def test_chunked_log_probs_keep_one_chunk_of_logits_alive():
     """Saved for backward: the hidden states, never the [B, S, V] logits or their log-softmax."""
     model = _tiny_hf_qwen3(vocab_size=4096)

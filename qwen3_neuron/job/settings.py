@@ -422,7 +422,8 @@ class GRPOSettings:
     """Tokens a completion may take; a prompt must leave that many in training.seq_len."""
 
     temperature: float
-    """Sampling temperature of the generation."""
+    """Sampling temperature of the generation; the trained log-probabilities (the ratio, the KL) are
+    the same tempered distribution's, as TRL's."""
 
     top_p: float
     """Nucleus sampling: the smallest set of tokens holding this probability."""

@@ -23,7 +23,8 @@ metrics stay torchtitan's. A step:
 2. rewards on each rank (`rewards.calls`), gathered over the data-parallel ranks: advantages
    over the global batch, as TRL's; each rank keeps its own completions' advantages;
 3. torchtitan's `train_step` over the microbatches of completions: per-token log-probabilities
-   through the chunked lm_head (`models.logprobs`), the clipped surrogate, the loss normalised
+   through the chunked lm_head (`models.logprobs`) at `grpo.temperature`, the distribution the
+   completions were sampled from (TRL's), the clipped surrogate, the loss normalised
    by the global batch's completions or tokens (FSDP sums the ranks' gradients).
 With `num_iterations` > 1 the sampling policy's log-probabilities are kept for the ratio; with
 `beta` > 0 the reference is the model with its LoRA adapters off (finetune=lora) or a frozen copy
@@ -185,7 +186,7 @@ class GRPOStep(Stateful):
         inputs, labels, extra_kwargs = trainer.post_dataloading_process(input_dict, labels)
         model = trainer.model_parts[0]
         with trainer.train_context():
-            logps = model_token_logps(model, inputs, labels, extra_kwargs)
+            logps = model_token_logps(model, inputs, labels, extra_kwargs, temperature=self.grpo.temperature)
             terms = token_terms(logps, old, advantages_, labels != IGNORE_INDEX, epsilon=self.grpo.epsilon,
                                 epsilon_high=self.grpo.epsilon_high, beta=self.grpo.beta, reference_logps=reference)  # fmt: skip
             loss = batch_loss(terms, self.grpo.loss_type, completions=generation.completions, tokens=generation.tokens,
@@ -348,7 +349,7 @@ class GRPOStep(Stateful):
         return inputs, extra_kwargs
 
     def _microbatches(self, model, sequences: list[Rollouts], local_advantages) -> list[tuple[dict, torch.Tensor]]:
-        microbatches, offset = [], 0
+        microbatches, offset, temperature = [], 0, self.grpo.temperature
         for rollouts in sequences:
             width = self._trained_width(rollouts.ids, rollouts.trained)
             ids = rollouts.ids[:, :width]
@@ -359,10 +360,11 @@ class GRPOStep(Stateful):
             offset += ids.shape[0]
             inputs, extra_kwargs = self._model_inputs(ids, positions)
             if self.grpo.num_iterations > 1:
-                input_dict[OLD_LOGPS] = model_token_logps(model, inputs, labels, extra_kwargs)
+                input_dict[OLD_LOGPS] = model_token_logps(model, inputs, labels, extra_kwargs, temperature=temperature)
             if self.grpo.beta:
                 with adapters_off(model) if self.frozen is None else self.frozen.swapped_in():
-                    input_dict[REFERENCE_LOGPS] = model_token_logps(model, inputs, labels, extra_kwargs)
+                    input_dict[REFERENCE_LOGPS] = model_token_logps(model, inputs, labels, extra_kwargs,
+                                                                         temperature=temperature)  # fmt: skip
             microbatches.append((input_dict, labels))
         return microbatches
 
