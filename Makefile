@@ -14,7 +14,7 @@ PY := $(VENV)/bin/python
 TORCH_PIP_ARGS ?=
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup setup-neuron assets run test test-isa test-unit bench clean
+.PHONY: setup setup-neuron assets run test test-isa test-recipes test-unit bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,7 +55,11 @@ test: setup
 	# ranks start, wait on each other and write, which the other processes' launches then use
 	# (AMD EPYC, 2 cores, a fresh clone: -n 2 610.8 s, -n 3 531.9 s). --durations: the times
 	# LONGEST_FIRST is ordered by
-	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=40 $(ARGS)
+	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=40 -m "not recipe" $(ARGS)
+
+# The bundled recipes that learn (tests/test_recipes.py), each as its docs give it: minutes apiece
+test-recipes: setup
+	$(PY) -m pytest -q -m recipe -s $(ARGS)
 
 # The numerics tests again with oneDNN capped at AVX2, then at AVX-512 without BF16/AMX: bf16 work
 # rounds differently per instruction set, so a tolerance sized on one CPU fails here, not on the next

@@ -103,7 +103,8 @@ def test_a_trn2_dry_run_prints_the_torchrun_command_and_starts_nothing(tmp_path,
 
 
 def test_every_named_experiment_composes(assets):
-    """Every file in conf/experiment/: trn2_* plans the trn2 node, cpu_* is a CI-sized CPU run."""
+    """Every file in conf/experiment/: trn2_* plans the trn2 node, cpu_* is a CI-sized CPU run,
+    tool_recipe_* a recipe's CPU steps."""
     names = sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))
     assert {"trn2_qwen3_moe_nki", "cpu_qwen3_tiny_native", "optuna_lr"} <= set(names)
     for name in names:
@@ -115,6 +116,8 @@ def test_every_named_experiment_composes(assets):
             training = composed["training"]
             # seconds of training: at most 8192 tokens a rank (the DPO one needs 32 steps to learn its reply)
             assert training["steps"] * training["seq_len"] * training["local_batch_size"] <= 8192, name
+        elif name.startswith("tool_recipe_"):  # minutes of training: tests/test_recipes.py runs them
+            assert composed["device"]["type"] == "cpu" and composed["run"]["nproc_per_node"] == 2
         else:  # a search over the default job (tests/test_sweeps.py runs one)
             assert name == "optuna_lr" and composed["device"]["type"] == "auto"
 

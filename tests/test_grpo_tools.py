@@ -30,6 +30,7 @@ from qwen3_neuron.generation.tools import load_tools
 from qwen3_neuron.job.settings import GRPOSettings
 from qwen3_neuron.launch.hydra_setup import CONF_DIR
 from qwen3_neuron.trainers.grpo import ADVANTAGES, GRPOStep
+from qwen3_neuron.rewards import tool_success
 
 SEQ_LEN, MAX_COMPLETION = 512, 120
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
@@ -392,6 +393,9 @@ def test_each_failure_comes_back_as_a_tool_message_counted_and_a_hung_tool_costs
         "{'error': 'raises raised ValueError: no'}",
         "{'error': 'sleeps_forever gave no answer within grpo.tool_timeout_s=1 s and was stopped'}", "7"]  # fmt: skip
     assert counter.count == 7 and 1.0 <= took < 1.5, took
+    # the shipped reward for calls that answered, on the messages a completion holds
+    turns = [{"role": "assistant", "content": "", "tool_calls": []}, *(r.message() for r in results)]
+    assert tool_success([turns, turns[:2], turns[:1], [turns[0], turns[1], turns[3]]]) == [2 / 7, 1.0, 0.0, 0.5]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # killed, and reaped
     assert not [t for t in threading.enumerate() if t.name.startswith("grpo-tool")]

@@ -61,6 +61,8 @@ OPTIONS = {
     "experiment=cpu_qwen3_tiny_preference": [],
     "experiment=cpu_qwen3_tiny_reward_model": [],
     "experiment=cpu_qwen3_tiny_grpo": [],
+    "experiment=tool_recipe_sft": [],
+    "experiment=tool_recipe_grpo": [f"model.hf_model={TINY_HF}"],  # tool_recipe_sft's export, in the recipe
     "experiment=optuna_lr": [],
     "experiment=trn2_qwen3_4b_hf": QWEN3_4B,
     "experiment=trn2_qwen3_4b_lora": ([CHATS], "checkpoint.initial_load_path=/fsx/models/Qwen3-4B-Instruct-2507"),

@@ -1,9 +1,9 @@
 """The README's and the docs' commands as written: every `launch.py` line of the bash blocks of
 README.md and docs/*.md composes and plans (in-process, as a dry run; a sweep, each of its jobs), in
 a dir holding the files they name (`chats.jsonl`, `pairs.jsonl`, `math.jsonl`, `corpus/`,
-`alpaca.json`, `Qwen3-0.6B/`), made from the bundled assets; each docs page's first command, in an
-empty dir: it runs on a fresh clone (the bundled files only). An example that drifts from what runs
-fails here."""
+`alpaca.json`, `Qwen3-0.6B/`, `runs/tool_sft/hf_export/`), made from the bundled assets; each docs
+page's first command, in an empty dir: it runs on a fresh clone (the bundled files only). An example
+that drifts from what runs fails here."""
 
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ def users_dir(tmp_path, assets, monkeypatch):
     rows = [{"prompt": [{"role": "user", "content": f"What is {n} + {n}?"}], "answer": str(2 * n)} for n in range(40)]
     (tmp_path / "math.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (tmp_path / "Qwen3-0.6B").symlink_to(assets.tiny_qwen3_dir)  # what `hf download` would have put there
+    (tmp_path / "runs" / "tool_sft").mkdir(parents=True)
+    (tmp_path / "runs" / "tool_sft" / "hf_export").symlink_to(assets.tiny_qwen3_dir)  # the tool recipe's SFT export
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

@@ -53,6 +53,17 @@ def matches_format(completions, format_pattern, **kwargs) -> list[float | None]:
             for c, pattern in zip(completions, format_pattern)]  # fmt: skip
 
 
+def tool_success(completions, **kwargs) -> list[float]:
+    """The share of a completion's tool calls that answered: its tool turns that are not TRL's
+    `{'error': ...}` (a malformed call, an unknown tool, wrong arguments, a raise, a timeout);
+    0 for a completion that called none (grpo.tools / grpo.environment runs)."""
+    rewards = []
+    for completion in completions:
+        answers = [m.get("content") or "" for m in completion if isinstance(m, dict) and m.get("role") == "tool"]
+        rewards.append(sum(not a.startswith("{'error':") for a in answers) / len(answers) if answers else 0.0)
+    return rewards
+
+
 def length_penalty(completion_ids, **kwargs) -> list[float]:
     """Minus the completion's length in thousands of tokens: weight it to prefer short replies."""
     return [-len(ids) / 1000.0 for ids in completion_ids]
