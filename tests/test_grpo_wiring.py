@@ -204,8 +204,11 @@ def test_num_iterations_trains_on_one_generation_that_many_steps(monkeypatch):
 
     temperatures = []
     logps_of = grpo_module.model_token_logps
-    monkeypatch.setattr(grpo_module, "model_token_logps",
-                        lambda *args, **kwargs: temperatures.append(kwargs["temperature"]) or logps_of(*args, **kwargs))  # fmt: skip
+    def recorded(*args, **kwargs):
+        temperatures.append(kwargs["temperature"])
+        return logps_of(*args, **kwargs)
+
+    monkeypatch.setattr(grpo_module, "model_token_logps", recorded)
     CALLS.clear()
     trainer = _trainer()
     step = install(trainer, _settings(num_iterations=2, temperature=0.7), seed=3, lora=False)

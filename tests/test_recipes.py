@@ -55,6 +55,6 @@ def test_the_tool_recipe_raises_the_share_of_calls_that_answer_and_its_export_ca
         try:
             calculator(**calls[0].arguments) if calls[0].name == "calculator" else None
             answered += calls[0].name == "calculator"
-        except (TypeError, ValueError, SyntaxError, ZeroDivisionError):  # what the tool's call would answer with an error
+        except (TypeError, ValueError, SyntaxError, ZeroDivisionError):  # the call's answer would be an error
             pass
     assert answered >= 0.8 * len(rows), answered

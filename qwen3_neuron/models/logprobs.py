@@ -70,5 +70,7 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor, temperature: float =
     return logps.masked_fill(labels == IGNORE_INDEX, 0.0)
 
 
-def _head_logps(lm_head: torch.nn.Module, hidden: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
+def _head_logps(
+    lm_head: torch.nn.Module, hidden: torch.Tensor, labels: torch.Tensor, temperature: float
+) -> torch.Tensor:
     return token_logps(lm_head(hidden), labels, temperature)
