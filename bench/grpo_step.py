@@ -29,15 +29,16 @@ step, bf16 mixed, loss dapo, beta 0; one process and one thread on both sides
 `--mode trl-tools`: the same against `GRPOTrainer(tools=[calculator])` on the bundled calculator
 prompts (tool_calls/prompts_train.jsonl, their schema in every prompt), rewarded by
 `rewards.exact_answer`, 8 completions of up to 64 tokens (the tool turns counted in, TRL's rule),
-up to 4 rounds of calls; `--policy DIR` the HF dir both start from (default: the tiny dir, which
-calls no tool: give an SFT export on the bundled tool conversations, as below), each side's calls
-per completion printed beside its times.
+up to 4 rounds of calls; `--policy DIR` the HF dir both start from (default: the dir `--model`
+names, the tiny one for native; the tiny dir calls no tool: give an SFT export on the bundled tool
+conversations, as below), each side's calls per completion printed beside its times.
 
     .venv/bin/python -m bench.grpo_step                        # from the repo root: 6 runs
     .venv/bin/python -m bench.grpo_step --model native
     .venv/bin/python -m bench.grpo_step --model hf-real-vocab   # Qwen3's 151,936-token vocabulary
     .venv/bin/python -m bench.grpo_step --mode compiled
     .venv/bin/python -m bench.grpo_step --mode trl
+    .venv/bin/python -m bench.grpo_step --mode trl --model hf-real-vocab   # both sides at Qwen3's vocabulary
     .venv/bin/python launch.py experiment=cpu_qwen3_tiny_sft 'data.files=${assets:tool_sft_train_file}' \
         training.seq_len=512 training.steps=150 optimizer.lr=5e-3 hydra.run.dir=outputs/tool_sft
     .venv/bin/python -m bench.grpo_step --mode trl-tools --policy outputs/tool_sft/hf_export
@@ -217,7 +218,9 @@ def trl_mode(args) -> None:
 
     assets = asset_paths()
     tools = args.mode == "trl-tools"
-    policy = Path(args.policy) if args.policy else assets.tiny_qwen3_dir
+    # both sides start from the weights --model names (native: the tiny dir's, which TRL loads as HF)
+    default_policy = build_real_vocab_model() if args.model == "hf-real-vocab" else assets.tiny_qwen3_dir
+    policy = Path(args.policy) if args.policy else default_policy
     work = (f"the calculator prompts with the tool, from {policy}, 8 completions of up to {TOOLS_COMPLETION} tokens "
             f"(ours at seq_len {TOOLS_SEQ_LEN})" if tools else
             f"8 completions of up to 32 tokens (ours at seq_len {TRL_SEQ_LEN})")  # fmt: skip

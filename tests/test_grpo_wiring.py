@@ -180,6 +180,26 @@ def test_a_groups_completions_answer_one_prompt_end_at_im_end_and_train_to_it():
     assert metrics["grpo/frac_reward_zero_std"] == 0.0
 
 
+def test_sampling_stops_once_every_completion_of_the_batch_has_ended(monkeypatch):
+    """Completions that all end before max_completion_length cost one forward per token of the
+    longest, as generate() stops: none for the padding after it."""
+    trainer = _trainer()
+    model, forwards = trainer.model_parts[0], []
+    forward = model.forward
+
+    def counted(ids, **kwargs):
+        forwards.append(ids.shape)
+        return forward(ids, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counted)
+    step = install(trainer, _settings(), seed=3, lora=False)
+    step.train_step(_prompt_batches(["two"] * 4))
+    microbatches = step._generation.microbatches  # each a batch sampled together, then trained
+    longest = [max(c.index(END) + 1 for c in _completions([microbatch])[1]) for microbatch in microbatches]
+    assert max(longest) < MAX_COMPLETION  # "two": 2 or 3 tokens, <|im_end|> the last
+    assert len(forwards) == sum(longest) + len(microbatches)  # the prompts' forward gives the first token
+
+
 def test_completions_train_on_their_longest_prompt_and_completion_not_the_whole_buffer(monkeypatch):
     """Eager, a batch of completions in 24-column buffers trains on the columns its longest prompt
     + completion fills (7, rounded up to 8), as TRL trains each batch at its longest: the padding

@@ -3,7 +3,8 @@
 A batch is a buffer [B, seq_len] holding each row's prompt (right-padded); `Sampler.sample` writes
 each row's completion after its prompt, in place. Sampling is TRL's: temperature, then top-p
 (Transformers' own logits warpers), from a generator the caller seeds. A completion ends at the
-end-of-turn token (kept in it) or at `max_completion_length`, or where seq_len leaves no room.
+end-of-turn token (kept in it) or at `max_completion_length`, or where seq_len leaves no room; the
+batch stops once every row has ended, as `generate()` does (no forward for padding alone).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class Sampler:
                 newly = (tokens == self.end_id) & ~ended & inside
                 lengths = torch.where(newly, t + 1, lengths)
                 ended |= newly
+                if bool((ended | (room <= t + 1)).all()):  # every row has ended or filled its room
+                    break
         return lengths
 
     @contextmanager
