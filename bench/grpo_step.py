@@ -123,22 +123,26 @@ def generation(run_dir: Path, model: str, compiled: bool) -> dict:
     return figures
 
 
-def ours_against_trl(run_dir: Path, model: str, tools_policy: Path | None = None) -> dict:
+def ours_against_trl(run_dir: Path, model: str, policy: Path | None = None, tools: bool = False) -> dict:
     """Our GRPO step on TRL's matched work (8 completions, one prompt a step), at the seq_len that
     holds the longest prompt and a completion: TRL trains each batch at its own longest prompt +
-    completion. `tools_policy`: the calculator run from that HF dir (--mode trl-tools)."""
-    if tools_policy is None:
+    completion. `policy`: the HF dir to start from instead of `model`'s; `tools`: the calculator
+    run (--mode trl-tools)."""
+    if not tools:
         work = ["grpo.rewards=[examples.my_rewards.digit_share]", "grpo.max_completion_length=32",
                 f"training.seq_len={TRL_SEQ_LEN}"]  # fmt: skip
     else:
-        work = [f"model.hf_model={tools_policy}", "data.files=${assets:tool_prompts_train_file}",
-                "grpo.tools=[examples.my_tools.calculator]", "grpo.rewards=[qwen3_neuron.rewards.exact_answer]",
-                f"grpo.max_completion_length={TOOLS_COMPLETION}", f"training.seq_len={TOOLS_SEQ_LEN}"]  # fmt: skip
+        work = ["data.files=${assets:tool_prompts_train_file}", "grpo.tools=[examples.my_tools.calculator]",
+                "grpo.rewards=[qwen3_neuron.rewards.exact_answer]", f"grpo.max_completion_length={TOOLS_COMPLETION}",
+                f"training.seq_len={TOOLS_SEQ_LEN}"]  # fmt: skip
+    if policy is not None:
+        work.append(f"model.hf_model={policy}")
     steps = launch(["data=prompts", "grpo.num_generations=8", *work], run_dir, model, ONE_THREAD)
     generation = statistics.median(r["generation_seconds"] + r["scoring_seconds"] for r in steps)
     training = statistics.median(r["training_seconds"] for r in steps)
-    figures = {"step_seconds": generation + training, "generation_seconds": generation, "training_seconds": training}
-    if tools_policy is not None:
+    figures = {"step_seconds": generation + training, "generation_seconds": generation, "training_seconds": training,
+               "mean_completion_length": statistics.median(r["completions/mean_length"] for r in steps)}  # fmt: skip
+    if tools:
         figures["tool_calls_per_completion"] = statistics.mean(r["tools/call_frequency"] for r in steps)
     return figures
 
@@ -179,7 +183,8 @@ class Steps(TrainerCallback):
 trainer.add_callback(Steps())
 trainer.train()
 calls = [logs["tools/call_frequency"] for logs in trainer.state.log_history if "tools/call_frequency" in logs]
-print(json.dumps({"steps": steps_seconds, "generation": generation, "calls": calls}))
+lengths = [logs["completions/mean_length"] for logs in trainer.state.log_history if "completions/mean_length" in logs]
+print(json.dumps({"steps": steps_seconds, "generation": generation, "calls": calls, "lengths": lengths}))
 """
 
 
@@ -193,7 +198,8 @@ def trl(run_dir: Path, model_dir: Path, rows_file: Path, tools: bool = False) ->
     timings = json.loads(result.stdout.strip().splitlines()[-1])
     steps, generations = timings["steps"][1:], timings["generation"][1:]
     step, generation_ = statistics.median(steps), statistics.median(generations)
-    figures = {"step_seconds": step, "generation_seconds": generation_, "training_seconds": step - generation_}
+    figures = {"step_seconds": step, "generation_seconds": generation_, "training_seconds": step - generation_,
+               "mean_completion_length": statistics.median(timings["lengths"][1:])}  # fmt: skip
     if tools:
         figures["tool_calls_per_completion"] = statistics.mean(timings["calls"][1:])
     return figures
@@ -230,7 +236,7 @@ def trl_mode(args) -> None:
     ratios = []
     with tempfile.TemporaryDirectory(prefix="grpo-trl-") as scratch:
         for repeat in range(args.repeats):  # interleaved: ours, TRL, ours, TRL, ...
-            ours = ours_against_trl(Path(scratch) / f"ours-{repeat}", args.model, policy if tools else None)
+            ours = ours_against_trl(Path(scratch) / f"ours-{repeat}", args.model, args.policy and policy, tools)
             theirs = trl(Path(scratch) / f"trl-{repeat}", policy, rows, tools)
             ratios.append(theirs["step_seconds"] / ours["step_seconds"])
             print(f"repeat {repeat + 1}: ours {shown(ours)}\n          TRL  {shown(theirs)}\n          steps/s "
@@ -249,8 +255,10 @@ def main() -> None:
     parser.add_argument("--max_completion_length", type=int, default=32)
     parser.add_argument("--model", choices=tuple(MODELS), default="hf")
     parser.add_argument("--mode", choices=("sft", "compiled", "trl", "trl-tools"), default="sft")
-    parser.add_argument("--policy", help="--mode trl-tools: the HF dir both sides start from")
+    parser.add_argument("--policy", help="--mode trl / trl-tools: the HF dir both sides start from")
     args = parser.parse_args()
+    if args.policy and (args.mode not in ("trl", "trl-tools") or args.model == "native"):
+        parser.error("--policy is an HF dir for --mode trl or trl-tools with --model hf or hf-real-vocab")
     if args.model == "hf-real-vocab":  # built on demand, not with the other assets; every mode can take it
         build_real_vocab_model()
     if args.mode != "sft":
