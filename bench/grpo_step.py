@@ -226,7 +226,8 @@ def trl_mode(args) -> None:
     tools = args.mode == "trl-tools"
     # both sides start from the weights --model names (native: the tiny dir's, which TRL loads as HF)
     default_policy = build_real_vocab_model() if args.model == "hf-real-vocab" else assets.tiny_qwen3_dir
-    policy = Path(args.policy) if args.policy else default_policy
+    given = Path(args.policy) if args.policy else None  # ours: model.hf_model only when given
+    policy = given or default_policy
     work = (f"the calculator prompts with the tool, from {policy}, 8 completions of up to {TOOLS_COMPLETION} tokens "
             f"(ours at seq_len {TOOLS_SEQ_LEN})" if tools else
             f"8 completions of up to 32 tokens (ours at seq_len {TRL_SEQ_LEN})")  # fmt: skip
@@ -236,7 +237,7 @@ def trl_mode(args) -> None:
     ratios = []
     with tempfile.TemporaryDirectory(prefix="grpo-trl-") as scratch:
         for repeat in range(args.repeats):  # interleaved: ours, TRL, ours, TRL, ...
-            ours = ours_against_trl(Path(scratch) / f"ours-{repeat}", args.model, args.policy and policy, tools)
+            ours = ours_against_trl(Path(scratch) / f"ours-{repeat}", args.model, given, tools)
             theirs = trl(Path(scratch) / f"trl-{repeat}", policy, rows, tools)
             ratios.append(theirs["step_seconds"] / ours["step_seconds"])
             print(f"repeat {repeat + 1}: ours {shown(ours)}\n          TRL  {shown(theirs)}\n          steps/s "

@@ -23,6 +23,16 @@ _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _THINK = re.compile(r"\s*<think>(.*?)</think>\s*", re.DOTALL)
 
 
+def tool_error(text: str) -> str:
+    """The tool message of a call that failed, TRL's: str() of {"error": text}."""
+    return str({"error": text})
+
+
+def is_tool_error(content: str) -> bool:
+    """Whether a tool message is `tool_error`'s."""
+    return content.startswith("{'error': ")
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One `<tool_call>` block: the call (`name`, `arguments`) or, when it cannot be one, `error`."""

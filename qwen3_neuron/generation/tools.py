@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwen3_neuron.errors import ConfigError
-from qwen3_neuron.generation.tool_calls import ToolCall
+from qwen3_neuron.generation.tool_calls import ToolCall, tool_error
 from qwen3_neuron.generation.tool_worker import ToolProcess
 
 FAILURES = ("malformed", "unknown", "arguments", "raised", "timeout")
@@ -120,7 +120,7 @@ class ToolBox:
 
 
 def _failed(name: str, failure: str, text: str) -> ToolResult:
-    return ToolResult(name, str({"error": text}), failure)  # TRL's error message: str() of {"error": ...}
+    return ToolResult(name, tool_error(text), failure)
 
 
 def _started(calls: list) -> list[tuple[threading.Thread, list]]:

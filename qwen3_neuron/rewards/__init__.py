@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from qwen3_neuron.generation.tool_calls import is_tool_error
+
 NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*")
 BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
@@ -60,7 +62,7 @@ def tool_success(completions, **kwargs) -> list[float]:
     rewards = []
     for completion in completions:
         answers = [m.get("content") or "" for m in completion if isinstance(m, dict) and m.get("role") == "tool"]
-        rewards.append(sum(not a.startswith("{'error':") for a in answers) / len(answers) if answers else 0.0)
+        rewards.append(sum(not is_tool_error(a) for a in answers) / len(answers) if answers else 0.0)
     return rewards
 
 
